@@ -1,0 +1,16 @@
+_base_ = ['mmpretrain::_base_/default_runtime.py']
+
+# Importing mst_mm registers its modules into mmpretrain's registries.
+custom_imports = dict(imports=['mst_mm'], allow_failed_imports=False)
+default_scope = 'mmpretrain'
+
+default_hooks = dict(
+    logger=dict(type='LoggerHook', interval=50),
+    checkpoint=dict(type='CheckpointHook', interval=10, max_keep_ckpts=3),
+)
+log_processor = dict(window_size=50)
+
+# DDP: BN layers of neck and decoder become SyncBN (paper appendix "BatchNorm"), and the
+# projection's last layer gets no gradient during its frozen first epoch.
+sync_bn = 'torch'
+find_unused_parameters = True

@@ -1,0 +1,88 @@
+# Copyright (c) mst_mm contributors. Follows mmpretrain's tools/test.py.
+"""Evaluate a checkpoint with the test loop of a config of this repository.
+
+Example::
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl]
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+from mmengine.config import Config, DictAction
+from mmengine.runner import Runner
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Test (and eval) a model')
+    parser.add_argument('config', help='test config file path')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument(
+        '--work-dir',
+        help='the directory to save the file containing evaluation metrics')
+    parser.add_argument('--out', help='the file to output results.')
+    parser.add_argument(
+        '--out-item',
+        choices=['metrics', 'pred'],
+        help='To output whether metrics or predictions. '
+        'Defaults to output predictions.')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override some settings in the used config, the key-value pair '
+        'in xxx=yyy format will be merged into config file.')
+    parser.add_argument(
+        '--amp', action='store_true', help='enable automatic-mixed-precision test')
+    parser.add_argument(
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def merge_args(cfg: Config, args: argparse.Namespace) -> Config:
+    cfg.launcher = args.launcher
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs',
+                                osp.splitext(osp.basename(args.config))[0])
+    cfg.load_from = args.checkpoint
+    if args.amp:
+        cfg.test_cfg = cfg.get('test_cfg') or {}
+        cfg.test_cfg.fp16 = True
+    if args.out is not None and args.out_item in (None, 'pred'):
+        cfg.test_evaluator = list(cfg.test_evaluator) if isinstance(
+            cfg.test_evaluator, (list, tuple)) else [cfg.test_evaluator]
+        cfg.test_evaluator.append(dict(type='DumpResults', out_file_path=args.out))
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    return cfg
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.out is not None and not args.out.endswith(('.pkl', '.pickle', '.json')):
+        raise ValueError('--out must be a .pkl, .pickle or .json file, '
+                         f'got {args.out!r}')
+    cfg = merge_args(Config.fromfile(args.config), args)
+
+    import mst_mm  # noqa: F401  registers our modules and the safe checkpoint loader
+    runner = Runner.from_cfg(cfg)
+    metrics = runner.test()
+    if args.out and args.out_item == 'metrics':
+        import mmengine
+        mmengine.dump(metrics, args.out)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,165 @@
+# Copyright (c) mst_mm contributors. Follows mmpretrain's tools/train.py.
+"""Train a model from a config of this repository (pretraining or downstream).
+
+Examples::
+
+    python tools/train.py configs/mst_deit-s_300e.py
+    python tools/train.py CONFIG --amp --work-dir work_dirs/run1
+    python tools/train.py CONFIG --resume               # latest checkpoint in work_dir
+    python tools/train.py CONFIG --resume path/to/epoch_10.pth
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+from mmengine.config import Config, ConfigDict, DictAction
+from mmengine.runner import Runner
+from mmengine.utils import digit_version
+from mmengine.utils.dl_utils import TORCH_VERSION
+
+# Running as `python tools/train.py` from a source checkout must work without an install.
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Train a model')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='the dir to save logs and models')
+    parser.add_argument(
+        '--resume',
+        nargs='?',
+        type=str,
+        const='auto',
+        help='If specify checkpoint path, resume from it, while if not '
+        'specify, try to auto resume from the latest checkpoint '
+        'in the work directory.')
+    parser.add_argument(
+        '--amp',
+        action='store_true',
+        help='enable automatic-mixed-precision training')
+    parser.add_argument(
+        '--no-validate',
+        action='store_true',
+        help='whether not to evaluate the checkpoint during training')
+    parser.add_argument(
+        '--auto-scale-lr',
+        action='store_true',
+        help='whether to auto scale the learning rate according to the '
+        'actual batch size and the original batch size.')
+    parser.add_argument(
+        '--no-pin-memory',
+        action='store_true',
+        help='whether to disable the pin_memory option in dataloaders.')
+    parser.add_argument(
+        '--no-persistent-workers',
+        action='store_true',
+        help='whether to disable the persistent_workers option in '
+        'dataloaders.')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override some settings in the used config, the key-value pair '
+        'in xxx=yyy format will be merged into config file. If the value to '
+        'be overwritten is a list, it should be like key="[a,b]" or key=a,b '
+        'It also allows nested list/tuple values, e.g. key="[(a,b),(c,d)]" '
+        'Note that the quotation marks are necessary and that no white space '
+        'is allowed.')
+    parser.add_argument(
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher')
+    # torchrun passes `--local-rank`, torch.distributed.launch `--local_rank`.
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def merge_args(cfg: Config, args: argparse.Namespace) -> Config:
+    """Merge command-line arguments into the config, as mmpretrain does."""
+    if args.no_validate:
+        cfg.val_cfg = None
+        cfg.val_dataloader = None
+        cfg.val_evaluator = None
+
+    cfg.launcher = args.launcher
+
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs',
+                                osp.splitext(osp.basename(args.config))[0])
+
+    if args.amp is True:
+        optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
+        assert optim_wrapper in ['OptimWrapper', 'AmpOptimWrapper'], \
+            '`--amp` is not supported custom optimizer wrapper type ' \
+            f'`{optim_wrapper}.'
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+
+    if args.resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        cfg.resume = True
+        cfg.load_from = args.resume
+
+    if args.auto_scale_lr:
+        cfg.auto_scale_lr.enable = True
+
+    def set_default_dataloader_cfg(cfg, field):
+        if cfg.get(field, None) is None:
+            return
+        dataloader_cfg = cfg[field]
+        dataloader_cfg.setdefault('persistent_workers', True)
+        dataloader_cfg.setdefault('collate_fn', dict(type='default_collate'))
+
+    set_default_dataloader_cfg(cfg, 'train_dataloader')
+    set_default_dataloader_cfg(cfg, 'val_dataloader')
+    set_default_dataloader_cfg(cfg, 'test_dataloader')
+
+    def reset_dataloader_flag(cfg, field, flag):
+        if isinstance(cfg, dict) and field in cfg:
+            cfg[field][flag] = False
+        if isinstance(cfg, (dict, ConfigDict, list, tuple)):
+            for item in (cfg.values() if isinstance(cfg, dict) else cfg):
+                reset_dataloader_flag(item, field, flag)
+
+    if args.no_pin_memory:
+        reset_dataloader_flag(cfg, 'pin_memory', False)
+    if args.no_persistent_workers:
+        reset_dataloader_flag(cfg, 'persistent_workers', False)
+
+    # persistent workers need workers
+    for field in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        loader = cfg.get(field, None)
+        if loader is not None and loader.get('num_workers', 0) == 0:
+            loader.persistent_workers = False
+
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+
+    return cfg
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    cfg = Config.fromfile(args.config)
+    cfg = merge_args(cfg, args)
+
+    # torch.compile needs torch >= 2.0, as in mmpretrain.
+    if cfg.get('compile') and digit_version(TORCH_VERSION) < digit_version('2.0.0'):
+        raise RuntimeError('`compile` in the config requires torch >= 2.0')
+
+    import mst_mm  # noqa: F401  registers our modules and the safe checkpoint loader
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+
+
+if __name__ == '__main__':
+    main()
