@@ -76,7 +76,8 @@ def main(argv=None) -> None:
                          f'got {args.out!r}')
     cfg = merge_args(Config.fromfile(args.config), args)
 
-    import mst_mm  # noqa: F401  registers our modules and the safe checkpoint loader
+    from mst_mm.engine import init_cpu_distributed  # also registers mst_mm's modules
+    init_cpu_distributed(args.launcher)
     runner = Runner.from_cfg(cfg)
     metrics = runner.test()
     if args.out and args.out_item == 'metrics':

@@ -156,7 +156,8 @@ def main(argv=None) -> None:
     if cfg.get('compile') and digit_version(TORCH_VERSION) < digit_version('2.0.0'):
         raise RuntimeError('`compile` in the config requires torch >= 2.0')
 
-    import mst_mm  # noqa: F401  registers our modules and the safe checkpoint loader
+    from mst_mm.engine import init_cpu_distributed  # also registers mst_mm's modules
+    init_cpu_distributed(args.launcher)
     runner = Runner.from_cfg(cfg)
     runner.train()
 

@@ -11,6 +11,8 @@ default_hooks = dict(
 log_processor = dict(window_size=50)
 
 # DDP: BN layers of neck and decoder become SyncBN (paper appendix "BatchNorm"), and the
-# projection's last layer gets no gradient during its frozen first epoch.
+# projection's last layer gets no gradient during its frozen first epoch, hence
+# find_unused_parameters. DeviceAgnosticDDP is mmengine's wrapper, also usable on CPU (gloo).
 sync_bn = 'torch'
-find_unused_parameters = True
+model_wrapper_cfg = dict(type='DeviceAgnosticDDP', broadcast_buffers=False,
+                         find_unused_parameters=True)

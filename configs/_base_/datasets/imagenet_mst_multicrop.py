@@ -1,0 +1,23 @@
+# ImageNet-1k train split (mmpretrain's ImageNet format) with MST's multi-crop.
+# Crop scales and counts follow DINO's main_dino.py defaults for ViT-S/16:
+# 2 global crops of 224 px, scale (0.4, 1.0); 8 local crops of 96 px, scale (0.05, 0.4).
+# The image is decoded once per sample (LoadImageFromFile before MultiCrop).
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='MultiCrop', global_size=224, local_size=96, num_local_crops=8,
+         global_scale=(0.4, 1.0), local_scale=(0.05, 0.4)),
+    dict(type='PackInputs'),
+]
+train_dataloader = dict(
+    batch_size=128,
+    num_workers=10,
+    persistent_workers=True,
+    pin_memory=True,
+    drop_last=True,
+    sampler=dict(type='DefaultSampler', shuffle=True),
+    collate_fn=dict(type='default_collate'),
+    dataset=dict(
+        type='ImageNet',
+        data_root='data/imagenet/',
+        split='train',
+        pipeline=train_pipeline))

@@ -1,0 +1,42 @@
+# MST with a DeiT-S/16 backbone (paper Sec. 4.1). Every key is documented in the README's
+# "Paper hyperparameters" table.
+model = dict(
+    type='MST',
+    data_preprocessor=dict(
+        type='SelfSupDataPreprocessor',
+        mean=[123.675, 116.28, 103.53],
+        std=[58.395, 57.12, 57.375],
+        to_rgb=True),
+    backbone=dict(
+        type='MaskViT',
+        arch='deit-small',
+        img_size=224,
+        patch_size=16,
+        drop_path_rate=0.1,        # student only; the teacher is built without drop-path
+        use_mask_token=True),
+    neck=dict(
+        type='DINONeck',
+        in_channels=384,
+        hidden_channels=2048,
+        bottleneck_channels=256,
+        out_channels=65536,
+        num_layers=3,
+        with_bn=True,              # Table 5: BN in the head, statistics from global views
+        norm_last_layer=True),
+    head=dict(
+        type='DINOHead',
+        out_channels=65536,
+        num_global_crops=2,
+        student_temp=0.1,
+        teacher_temp=0.04,         # warmed up to 0.07 by TeacherTempWarmupHook
+        center_momentum=0.9,
+        loss_weight=1.0),          # lambda_1 (Eq. 12)
+    decoder_head=dict(
+        type='ImageDecoderHead',
+        in_channels=384,
+        channels=(128, 64, 32, 16),  # four 2x stages: 14 -> 224 px
+        loss_weight=0.6),          # lambda_2 (Eq. 12)
+    mask_cfg=dict(num=8, p=0.1, mode='attention'),  # Eq. 6
+    num_global_crops=2,
+    base_momentum=0.004,           # mmengine convention: DINO's teacher momentum 0.996
+    end_momentum=0.0)              # ... cosine to 1.0

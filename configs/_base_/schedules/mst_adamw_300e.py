@@ -1,0 +1,36 @@
+# DINO's optimisation for ViT-S (paper Sec. 4.1): AdamW, lr 5e-4 x batch / 256 with 10 linear
+# warm-up epochs then cosine; weight decay cosine 0.04 -> 0.4, none on biases, norms and the
+# [MASK] token; gradient clipping 3.0; last layer frozen in epoch 1; teacher temperature
+# 0.04 -> 0.07 over 30 epochs. `max_epochs` is the only knob a shorter schedule needs.
+max_epochs = 300
+warmup_epochs = 10
+base_lr = 2e-3  # 5e-4 * 1024 / 256
+
+optim_wrapper = dict(
+    type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=base_lr, betas=(0.9, 0.999), weight_decay=0.04),
+    # DINO clips each parameter's gradient norm to 3.0; mmengine clips the global norm.
+    clip_grad=dict(max_norm=3.0),
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0,
+        bias_decay_mult=0.0,
+        custom_keys={'mask_token': dict(decay_mult=0.0)}))
+
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1e-4, by_epoch=True, begin=0, end=warmup_epochs,
+         convert_to_iter_based=True),
+    dict(type='CosineAnnealingLR', eta_min=1e-6, by_epoch=True, begin=warmup_epochs,
+         end=max_epochs, convert_to_iter_based=True),
+    # eta_min_ratio scales every group from its own start, so groups without weight
+    # decay stay at 0 (ENVIRONMENT.md trap 9).
+    dict(type='CosineAnnealingParamScheduler', param_name='weight_decay', eta_min_ratio=10.0,
+         by_epoch=True, begin=0, end=max_epochs, convert_to_iter_based=True),
+]
+
+train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs)
+custom_hooks = [
+    dict(type='TeacherTempWarmupHook', start=0.04, end=0.07, warmup_epochs=30),
+    dict(type='FreezeLastLayerHook', freeze_epochs=1),
+]
+# 8 GPUs x 128 images; `--auto-scale-lr` rescales lr for other batch sizes.
+auto_scale_lr = dict(base_batch_size=1024, enable=False)

@@ -1,0 +1,3 @@
+from .transforms import MultiCrop
+
+__all__ = ['MultiCrop']

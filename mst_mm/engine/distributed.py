@@ -1,0 +1,90 @@
+"""Distributed training on machines without a GPU (gloo), which mmengine does not cover.
+
+mmengine's ``pytorch`` launcher calls ``torch.cuda.set_device``, wraps the model with
+``device_ids=[LOCAL_RANK]`` and converts BN to torch's ``SyncBatchNorm``: all three need a
+GPU. These pieces make the same configs and tools run as several CPU processes (used by the
+tests, and by users debugging a multi-process run on a laptop). On GPUs they change nothing.
+"""
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from mmengine.model import MMDistributedDataParallel
+
+# mmengine's Runner looks the wrapper type up in its own root registry, without a scope.
+from mmengine.registry import MODEL_WRAPPERS
+from torch.distributed.nn.functional import all_reduce as differentiable_all_reduce
+from torch.nn.modules.batchnorm import _BatchNorm
+
+
+def init_cpu_distributed(launcher: str) -> bool:
+    """Start a gloo process group for ``--launcher pytorch`` when CUDA is unavailable.
+
+    The runner then finds an initialised group and skips its CUDA-only set-up.
+
+    Returns:
+        bool: Whether a group was started here.
+    """
+    if launcher != 'pytorch' or torch.cuda.is_available() or dist.is_initialized():
+        return False
+    dist.init_process_group(backend='gloo', rank=int(os.environ['RANK']),
+                            world_size=int(os.environ['WORLD_SIZE']))
+    return True
+
+
+class CPUSyncBatchNorm(_BatchNorm):
+    """Synchronised BatchNorm for CPU tensors (gloo).
+
+    Same parameters and buffers as ``nn.SyncBatchNorm``, so checkpoints are unaffected. It is
+    not a subclass of it because DDP refuses ``SyncBatchNorm`` in CPU modules. Mean and
+    variance come from sums over all ranks, through a differentiable all-reduce, so the
+    gradients match one large batch. In eval mode, or without a process group, it is plain BN.
+    """
+
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        if x.dim() < 2:
+            raise ValueError(f'expected at least 2D input (got {x.dim()}D input)')
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or not dist.is_initialized():
+            return super().forward(x)
+        channels = x.shape[1]
+        dims = [0] + list(range(2, x.dim()))
+        local = torch.cat([x.sum(dims), (x * x).sum(dims),
+                           x.new_tensor([x.numel() / channels])])
+        total = differentiable_all_reduce(local)
+        count = total[-1]
+        mean = total[:channels] / count
+        var = total[channels:2 * channels] / count - mean * mean
+        if self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                momentum = (1.0 / float(self.num_batches_tracked)
+                            if self.momentum is None else self.momentum)
+                unbiased = var * count / (count - 1).clamp(min=1)
+                self.running_mean.mul_(1 - momentum).add_(momentum * mean)
+                self.running_var.mul_(1 - momentum).add_(momentum * unbiased)
+        shape = [1, channels] + [1] * (x.dim() - 2)
+        y = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        if self.affine:
+            y = y * self.weight.view(shape) + self.bias.view(shape)
+        return y
+
+
+@MODEL_WRAPPERS.register_module()
+class DeviceAgnosticDDP(MMDistributedDataParallel):
+    """``MMDistributedDataParallel`` that also wraps a CPU model.
+
+    mmengine passes ``device_ids=[LOCAL_RANK]``, which DDP rejects for CPU modules; for them
+    it is dropped, and torch's GPU-only ``SyncBatchNorm`` layers become
+    :class:`CPUSyncBatchNorm` in place (same state, so checkpoints are unaffected).
+    """
+
+    def __init__(self, module: nn.Module, device_ids=None, **kwargs) -> None:
+        if next(module.parameters()).device.type == 'cpu':
+            device_ids = None
+            for m in module.modules():
+                if type(m) is nn.SyncBatchNorm:
+                    m.__class__ = CPUSyncBatchNorm  # same __dict__: params and buffers
+        super().__init__(module=module, device_ids=device_ids, **kwargs)

@@ -1,0 +1,63 @@
+"""DINO's per-epoch schedules that have no mmengine parameter scheduler.
+
+Both hooks set an attribute on the unwrapped model before every iteration, computed from
+the runner's epoch alone, so they behave the same with and without the DDP wrapper and
+after a resume.
+"""
+import numpy as np
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmpretrain.registry import HOOKS
+
+
+def unwrap(model):
+    return model.module if is_model_wrapper(model) else model
+
+
+@HOOKS.register_module()
+class TeacherTempWarmupHook(Hook):
+    r"""Warm the teacher temperature :math:`\tau_t` up linearly, then hold it (DINO).
+
+    :math:`\tau_t(e)` = ``np.linspace(start, end, warmup_epochs)[e]`` for
+    :math:`e < ` ``warmup_epochs``, else ``end``; written to ``model.head.teacher_temp``.
+
+    Args:
+        start (float): Defaults to 0.04.
+        end (float): Defaults to 0.07.
+        warmup_epochs (int): Defaults to 30.
+    """
+    priority = 'NORMAL'
+
+    def __init__(self, start: float = 0.04, end: float = 0.07, warmup_epochs: int = 30) -> None:
+        if warmup_epochs < 0:
+            raise ValueError(f'warmup_epochs must be >= 0, got {warmup_epochs}.')
+        self.start, self.end, self.warmup_epochs = start, end, warmup_epochs
+
+    def temperature(self, epoch: int) -> float:
+        if epoch < self.warmup_epochs:
+            return float(np.linspace(self.start, self.end, self.warmup_epochs)[epoch])
+        return float(self.end)
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        temp = self.temperature(runner.epoch)
+        unwrap(runner.model).head.teacher_temp = temp
+        runner.message_hub.update_scalar('train/teacher_temp', temp)
+
+
+@HOOKS.register_module()
+class FreezeLastLayerHook(Hook):
+    """Keep the projection's last layer fixed for the first epochs (DINO's stabiliser).
+
+    Sets ``model.neck.freeze_last_layer``; the neck then lets no gradient reach that layer,
+    so the optimiser leaves it untouched (no update, no weight decay).
+
+    Args:
+        freeze_epochs (int): Defaults to 1.
+    """
+    priority = 'NORMAL'
+
+    def __init__(self, freeze_epochs: int = 1) -> None:
+        self.freeze_epochs = freeze_epochs
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        unwrap(runner.model).neck.freeze_last_layer = runner.epoch < self.freeze_epochs

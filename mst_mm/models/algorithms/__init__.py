@@ -1,0 +1,3 @@
+from .mst import MST
+
+__all__ = ['MST']

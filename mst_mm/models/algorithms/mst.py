@@ -1,0 +1,125 @@
+"""MST: Masked Self-Supervised Transformer (paper Algorithm 2)."""
+import copy
+from itertools import groupby
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+from mmpretrain.models import BaseSelfSupervisor, CosineEMA
+from mmpretrain.registry import MODELS
+from mmpretrain.structures import DataSample
+
+from ..backbones import MSTFeatures
+from ..utils import attention_mask, check_mask_args
+
+
+@MODELS.register_module()
+class MST(BaseSelfSupervisor):
+    r"""DINO self-distillation + attention-guided masking + global image decoder.
+
+    The student sees the global crops with the lowest-attention patches replaced by [MASK]
+    (the teacher's CLS attention on the same crop picks them) and every local crop unmasked;
+    a conv decoder restores the global crops from the student's patch features. The loss is
+    Eq. 12:
+
+    .. math::
+        L_{total} = \lambda_1 L_{CE} + \lambda_2 L_{restoring}
+
+    with :math:`\lambda_1` = ``head.loss_weight`` and :math:`\lambda_2` =
+    ``decoder_head.loss_weight``. The teacher is an EMA of backbone + neck (Eq. 1), updated
+    in :meth:`loss` so that every runner gets it.
+
+    Args:
+        backbone (dict): A mask-aware backbone with ``forward_mst`` (``MaskViT``).
+        neck (dict): The projection head (``DINONeck``).
+        head (dict): The self-distillation loss (``DINOHead``).
+        decoder_head (dict, optional): The image decoder (``ImageDecoderHead``); None turns
+            restoration off (the DINO baseline).
+        mask_cfg (dict): ``num``, ``p`` and ``mode`` of :func:`attention_mask`.
+            Defaults to ``dict(num=8, p=0.1, mode='attention')``.
+        num_global_crops (int): The first crops of each sample are the global ones.
+            Defaults to 2.
+        base_momentum (float): Teacher EMA momentum in mmengine's convention, the weight of
+            the *new* value: DINO's 0.996 is 0.004. Defaults to 0.004.
+        end_momentum (float): Momentum at the end of training (DINO's 1.0 is 0.0).
+        data_preprocessor (dict, optional): Defaults to ``SelfSupDataPreprocessor``.
+        init_cfg (dict, optional): Initialization config.
+    """
+
+    def __init__(self,
+                 backbone: dict,
+                 neck: dict,
+                 head: dict,
+                 decoder_head: Optional[dict] = None,
+                 mask_cfg: Optional[dict] = None,
+                 num_global_crops: int = 2,
+                 base_momentum: float = 0.004,
+                 end_momentum: float = 0.,
+                 data_preprocessor: Optional[dict] = None,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(
+            backbone=backbone, neck=neck, head=head,
+            data_preprocessor=data_preprocessor, init_cfg=init_cfg)
+        self.mask_cfg = {**dict(num=8, p=0.1, mode='attention'), **(mask_cfg or {})}
+        check_mask_args(**self.mask_cfg)
+        self.num_global_crops = num_global_crops
+        self.decoder_head = MODELS.build(decoder_head) if decoder_head else None
+
+        # The teacher is built, not deep-copied: it has no drop-path and no [MASK] token.
+        # CosineEMA pairs its parameters with the student's by name, so the student's
+        # extra mask token and decoder are simply not averaged.
+        teacher_backbone = copy.deepcopy(backbone)
+        teacher_backbone.update(drop_path_rate=0., use_mask_token=False)
+        teacher = nn.Sequential(MODELS.build(teacher_backbone), MODELS.build(copy.deepcopy(neck)))
+        teacher.load_state_dict(self._student().state_dict(), strict=False)
+        self.teacher = CosineEMA(teacher, momentum=base_momentum, end_momentum=end_momentum)
+
+    def _student(self) -> nn.Sequential:
+        return nn.Sequential(self.backbone, self.neck)
+
+    def loss(self, inputs: List[torch.Tensor], data_samples: List[DataSample],
+             **kwargs) -> Dict[str, torch.Tensor]:
+        """Algorithm 2 for one batch.
+
+        Args:
+            inputs (List[Tensor]): The crops of the batch, one (B, 3, H, W) tensor per view,
+                global views first (``MultiView`` order).
+            data_samples (List[DataSample]): Unused.
+
+        Returns:
+            dict: ``loss_dino`` and, with a decoder, ``loss_restore``, both weighted.
+        """
+        global_crops = torch.cat(inputs[:self.num_global_crops])
+        local_crops = inputs[self.num_global_crops:]
+        with torch.no_grad():
+            # mmpretrain's DINO project builds an EMA teacher and never updates it.
+            self.teacher.update_parameters(self._student())
+            teacher_backbone, teacher_neck = self.teacher.module
+            t_feats = teacher_backbone.forward_mst(
+                global_crops, with_attn=self.mask_cfg['mode'] == 'attention')
+            teacher_out = teacher_neck(t_feats.global_feat)
+            mask = self._mask(t_feats)
+
+        s_global = self.backbone.forward_mst(global_crops, mask=mask)
+        student_out = [self.neck(s_global.global_feat)]
+        for local_batch in self._same_size_batches(local_crops):
+            local_feat = self.backbone.forward_mst(local_batch).global_feat
+            student_out.append(self.neck(local_feat, update_bn_stats=False))
+
+        losses = dict(loss_dino=self.head.loss(torch.cat(student_out), teacher_out))
+        if self.decoder_head is not None:
+            losses['loss_restore'] = self.decoder_head.loss(s_global.feat_map, global_crops)
+        return losses
+
+    def _mask(self, teacher_feats: MSTFeatures) -> torch.Tensor:
+        """The mask rule (Eq. 6) on the teacher's attention; other modes need only the grid."""
+        attn = teacher_feats.attn
+        if attn is None:
+            feat_map = teacher_feats.feat_map
+            attn = feat_map.new_zeros(feat_map.shape[0], feat_map.shape[-2:].numel())
+        return attention_mask(attn, **self.mask_cfg)
+
+    @staticmethod
+    def _same_size_batches(crops: List[torch.Tensor]) -> List[torch.Tensor]:
+        """Concatenate consecutive crops of equal size, so each size is one forward pass."""
+        return [torch.cat(list(group)) for _, group in groupby(crops, key=lambda c: c.shape)]

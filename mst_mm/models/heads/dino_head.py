@@ -1,0 +1,89 @@
+"""DINO's self-distillation loss with centring and sharpening (paper Eq. 2)."""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from mmengine.dist import all_reduce, get_world_size
+from mmengine.model import BaseModule
+from mmpretrain.registry import MODELS
+
+
+@MODELS.register_module()
+class DINOHead(BaseModule):
+    r"""Cross-entropy between teacher and student over every pair of different crops.
+
+    .. math::
+        L_{CE} = \frac{1}{P}\sum_{i\in\{1,2\}}\sum_{j\neq i}^{N+2}
+                 -\,\mathrm{softmax}\Big(\frac{O_t(x_i) - c}{\tau_t}\Big)\cdot
+                 \log\mathrm{softmax}\Big(\frac{O_s(x_j)}{\tau_s}\Big)
+
+    averaged over the batch and over the :math:`P` pairs (Eq. 2). After each loss the centre
+    :math:`c` moves towards the mean teacher output of the global crops, averaged over all
+    ranks: :math:`c \leftarrow m c + (1 - m)\,\overline{O_t}`.
+
+    Args:
+        out_channels (int): Number of prototypes K.
+        num_global_crops (int): The crops the teacher sees. Defaults to 2.
+        student_temp (float): :math:`\tau_s`. Defaults to 0.1.
+        teacher_temp (float): :math:`\tau_t` at start; ``TeacherTempWarmupHook`` schedules it.
+            Defaults to 0.04.
+        center_momentum (float): :math:`m`. Defaults to 0.9.
+        loss_weight (float): :math:`\lambda_1` of Eq. 12. Defaults to 1.0.
+        init_cfg (dict, optional): Initialization config.
+    """
+
+    def __init__(self,
+                 out_channels: int,
+                 num_global_crops: int = 2,
+                 student_temp: float = 0.1,
+                 teacher_temp: float = 0.04,
+                 center_momentum: float = 0.9,
+                 loss_weight: float = 1.0,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(init_cfg=init_cfg)
+        if loss_weight < 0:
+            raise ValueError(f'DINOHead loss_weight must be >= 0, got {loss_weight}.')
+        if student_temp <= 0 or teacher_temp <= 0:
+            raise ValueError('DINO temperatures must be > 0, got '
+                             f'student_temp={student_temp}, teacher_temp={teacher_temp}.')
+        self.num_global_crops = num_global_crops
+        self.student_temp = student_temp
+        self.teacher_temp = teacher_temp
+        self.center_momentum = center_momentum
+        self.loss_weight = loss_weight
+        self.register_buffer('center', torch.zeros(1, out_channels))
+
+    def loss(self, student_out: torch.Tensor, teacher_out: torch.Tensor) -> torch.Tensor:
+        """Weighted DINO loss; updates the centre.
+
+        Args:
+            student_out (Tensor): (V * B, K) logits of all V crops, crop-major
+                (global crops first, in the teacher's order).
+            teacher_out (Tensor): (G * B, K) teacher logits of the G global crops.
+
+        Returns:
+            Tensor: :math:`\\lambda_1 L_{CE}`, a scalar.
+        """
+        num_crops = student_out.shape[0] * self.num_global_crops // teacher_out.shape[0]
+        student_logp = F.log_softmax(student_out.float() / self.student_temp, dim=-1)
+        student_logp = student_logp.chunk(num_crops)
+        teacher_p = F.softmax((teacher_out.float() - self.center) / self.teacher_temp, dim=-1)
+        teacher_p = teacher_p.detach().chunk(self.num_global_crops)
+
+        total, pairs = 0., 0
+        for i, target in enumerate(teacher_p):
+            for j, logp in enumerate(student_logp):
+                if i == j:
+                    continue
+                total = total + torch.sum(-target * logp, dim=-1).mean()
+                pairs += 1
+        self.update_center(teacher_out)
+        return self.loss_weight * total / pairs
+
+    @torch.no_grad()
+    def update_center(self, teacher_out: torch.Tensor) -> None:
+        """EMA of the teacher's mean output, all-reduced across ranks."""
+        batch_center = teacher_out.float().sum(dim=0, keepdim=True)
+        all_reduce(batch_center)  # sum over ranks; a no-op without distributed training
+        batch_center = batch_center / (teacher_out.shape[0] * get_world_size())
+        self.center.mul_(self.center_momentum).add_(batch_center, alpha=1 - self.center_momentum)

@@ -1,0 +1,41 @@
+import copy
+
+import pytest
+import torch
+from mmengine.logging import MessageHub
+
+TINY_ARCH = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
+
+TINY_MST = dict(
+    type='MST',
+    data_preprocessor=dict(type='SelfSupDataPreprocessor', mean=[127.5] * 3, std=[64.] * 3,
+                           to_rgb=True),
+    backbone=dict(type='MaskViT', arch=TINY_ARCH, img_size=32, patch_size=8,
+                  drop_path_rate=0.1),
+    neck=dict(type='DINONeck', in_channels=32, hidden_channels=64, bottleneck_channels=16,
+              out_channels=128),
+    head=dict(type='DINOHead', out_channels=128),
+    decoder_head=dict(type='ImageDecoderHead', in_channels=32, channels=(16, 8, 8)),
+    mask_cfg=dict(num=4, p=0.5, mode='attention'),
+)
+
+
+def tiny_mst_cfg(**overrides) -> dict:
+    cfg = copy.deepcopy(TINY_MST)
+    cfg.update(overrides)
+    return cfg
+
+
+@pytest.fixture
+def message_hub():
+    """CosineEMA reads `max_iters` from the message hub, as inside a runner."""
+    hub = MessageHub.get_instance('mst_test')
+    hub.update_info('max_iters', 100)
+    return hub
+
+
+def crops(batch=4, n_local=3, global_size=32, local_size=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return ([torch.randn(batch, 3, global_size, global_size, generator=gen) for _ in range(2)]
+            + [torch.randn(batch, 3, local_size, local_size, generator=gen)
+               for _ in range(n_local)])

@@ -1,0 +1,63 @@
+"""Shared test fixtures that build data on disk and tiny runner configs."""
+import os.path as osp
+from pathlib import Path
+
+import numpy as np
+from mmengine.config import Config
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_CONFIG = str(REPO / 'configs' / 'mst_vit-tiny_demo.py')
+
+
+def make_image_folder(root, classes=2, per_class=6, size=(40, 48), seed=0) -> str:
+    """Random-texture RGB images in `root/<class>/<i>.png`; returns root."""
+    rng = np.random.RandomState(seed)
+    for c in range(classes):
+        folder = Path(root) / f'class_{c}'
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            base = rng.randint(0, 256, (size[0] // 4, size[1] // 4, 3), dtype=np.uint8)
+            img = np.kron(base, np.ones((4, 4, 1), dtype=np.uint8))
+            Image.fromarray(img).save(folder / f'{i}.png')
+    return str(root)
+
+
+def tiny_runner_cfg(data_root, work_dir, max_epochs=2, batch_size=4,
+                    teacher_temp_warmup=2) -> Config:
+    """The demo config, shrunk to a few iterations on `data_root`."""
+    cfg = Config.fromfile(DEMO_CONFIG)
+    cfg.work_dir = str(work_dir)
+    cfg.train_dataloader.dataset.data_root = data_root
+    cfg.train_dataloader.batch_size = batch_size
+    cfg.train_dataloader.num_workers = 0
+    cfg.train_dataloader.persistent_workers = False
+    cfg.train_cfg.max_epochs = max_epochs
+    cfg.param_scheduler = [
+        dict(type='LinearLR', start_factor=0.1, by_epoch=True, begin=0, end=1,
+             convert_to_iter_based=True),
+        dict(type='CosineAnnealingLR', eta_min=1e-6, by_epoch=True, begin=1,
+             end=max_epochs, convert_to_iter_based=True),
+        dict(type='CosineAnnealingParamScheduler', param_name='weight_decay',
+             eta_min_ratio=10.0, by_epoch=True, begin=0, end=max_epochs,
+             convert_to_iter_based=True),
+    ]
+    cfg.custom_hooks = [
+        dict(type='TeacherTempWarmupHook', start=0.04, end=0.07,
+             warmup_epochs=teacher_temp_warmup),
+        dict(type='FreezeLastLayerHook', freeze_epochs=1),
+    ]
+    cfg.default_hooks.logger.interval = 1
+    cfg.default_hooks.checkpoint.interval = max_epochs
+    cfg.log_level = 'WARNING'
+    return cfg
+
+
+def scalars(work_dir) -> list:
+    """The json lines that mmengine's LocalVisBackend wrote for a run."""
+    import glob
+    import json
+    files = glob.glob(osp.join(str(work_dir), '*', 'vis_data', 'scalars.json'))
+    assert files, f'no scalars.json under {work_dir}'
+    with open(sorted(files)[-1]) as f:
+        return [json.loads(line) for line in f if line.strip()]

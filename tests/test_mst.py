@@ -1,0 +1,108 @@
+"""MST.loss(): Algorithm 2 end to end on a tiny ViT."""
+import math
+
+import pytest
+import torch
+from mmpretrain.registry import MODELS
+
+import mst_mm  # noqa: F401
+from mst_mm.models import attention_mask
+from tests.conftest import crops, tiny_mst_cfg
+
+
+def build(**overrides):
+    torch.manual_seed(0)
+    model = MODELS.build(tiny_mst_cfg(**overrides))
+    model.init_weights()
+    return model.train()
+
+
+def test_loss_returns_both_weighted_terms(message_hub):
+    losses = build().loss(crops(), [])
+    assert set(losses) == {'loss_dino', 'loss_restore'}
+    assert all(torch.isfinite(v) and v.ndim == 0 for v in losses.values())
+    no_decoder = build(decoder_head=None).loss(crops(), [])
+    assert set(no_decoder) == {'loss_dino'}
+
+
+def test_teacher_pairs_by_name_without_mask_token_decoder_or_drop_path():
+    model = build()
+    teacher_names = set(model.teacher.avg_parameters)
+    student_names = {n for n, _ in torch.nn.Sequential(model.backbone, model.neck)
+                     .named_parameters()}
+    assert teacher_names == student_names - {'0.mask_token'}
+    assert not any('decoder' in n for n in teacher_names)
+    drop_paths = [m.drop_prob for m in model.teacher.module.modules() if hasattr(m, 'drop_prob')]
+    assert drop_paths and max(drop_paths) == 0
+    assert all(not p.requires_grad for p in model.teacher.parameters())
+
+
+def test_ema_update_matches_formula(message_hub):
+    model = build()
+    model.loss(crops(), [])  # step 0: the teacher becomes a copy of the student
+    for p in model.backbone.parameters():
+        p.data.add_(torch.randn_like(p) * 0.01)
+    before = {k: v.clone() for k, v in model.teacher.avg_parameters.items()}
+    student = dict(torch.nn.Sequential(model.backbone, model.neck).named_parameters())
+    model.loss(crops(), [])  # step 1
+    steps, max_iters = 1, message_hub.get_info('max_iters')
+    m = 0.0 - (0.0 - 0.004) * (math.cos(math.pi * steps / max_iters) + 1) / 2
+    for name, old in before.items():
+        expected = (1 - m) * old + m * student[name].detach()
+        torch.testing.assert_close(model.teacher.avg_parameters[name], expected)
+    changed = [n for n in before if not torch.equal(before[n], model.teacher.avg_parameters[n])]
+    assert changed
+
+
+def test_student_global_crops_are_masked_by_the_teachers_attention(message_hub):
+    model = build(mask_cfg=dict(num=4, p=1.0, mode='attention'))
+    calls = []
+    original = model.backbone.forward_mst
+
+    def spy(x, mask=None, with_attn=False):
+        calls.append((x.shape, None if mask is None else mask.clone()))
+        return original(x, mask=mask, with_attn=with_attn)
+
+    model.backbone.forward_mst = spy
+    views = crops(batch=2, n_local=2)
+    model.loss(views, [])
+    global_call, local_call = calls
+    assert global_call[0][0] == 4 and local_call[0][0] == 4 and local_call[0][-1] == 16
+    assert local_call[1] is None
+    with torch.no_grad():
+        attn = model.teacher.module[0].forward_mst(torch.cat(views[:2]), with_attn=True).attn
+    torch.testing.assert_close(global_call[1], attention_mask(attn, num=4, p=1.0))
+    assert global_call[1].sum(dim=1).tolist() == [4] * 4
+
+
+def test_bn_statistics_of_the_neck_come_from_global_views_only(message_hub):
+    model = build()
+    seen = []
+    original = model.neck.forward
+
+    def spy(x, update_bn_stats=True):
+        seen.append((x.shape[0], update_bn_stats))
+        return original(x, update_bn_stats=update_bn_stats)
+
+    model.neck.forward = spy
+    model.loss(crops(batch=4, n_local=3), [])
+    assert seen == [(8, True), (12, False)]
+
+
+def test_bad_values_fail_at_build_time():
+    with pytest.raises(ValueError, match='num'):
+        build(mask_cfg=dict(num=0))
+    with pytest.raises(ValueError, match='mode'):
+        build(mask_cfg=dict(mode='bert'))
+
+
+def test_mixed_precision_forward_and_backward(message_hub):
+    # mmengine's AmpOptimWrapper needs a GPU; autocast on CPU (bfloat16) exercises the same
+    # dtype paths of our code: [MASK] insertion, attention, loss casts.
+    model = build()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        losses = model.loss(crops(), [])
+    assert all(v.dtype == torch.float32 and torch.isfinite(v) for v in losses.values())
+    sum(losses.values()).backward()
+    assert model.backbone.mask_token.grad is not None
+    assert torch.isfinite(model.backbone.patch_embed.projection.weight.grad).all()
