@@ -90,3 +90,13 @@ def test_build_deit_small_and_swin_tiny():
         feat = swin(torch.randn(1, 3, 224, 224))[-1]
     assert cls.shape == (1, 384)
     assert feat.shape == (1, 768, 7, 7)
+
+
+def test_configs_and_tools_are_packaged_for_mim():
+    import os.path as osp
+
+    import mst_mm
+
+    mim = osp.join(osp.dirname(mst_mm.__file__), '.mim')
+    assert osp.isfile(osp.join(mim, 'configs', 'mst_deit-s_300e.py'))
+    assert osp.isfile(osp.join(mim, 'tools', 'train.py'))

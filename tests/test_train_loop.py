@@ -95,17 +95,22 @@ def test_teacher_changes_during_training(trained):
     assert len(moved) > len(final) // 2
 
 
-def test_tools_train_py_end_to_end(tmp_path):
-    data_root = make_image_folder(tmp_path / 'data', classes=2, per_class=4)
-    work_dir = tmp_path / 'work'
+def train_cli(data_root, work_dir, *extra, max_epochs=2):
     cmd = [sys.executable, str(REPO / 'tools' / 'train.py'), DEMO_CONFIG,
-           '--work-dir', str(work_dir), '--cfg-options',
+           '--work-dir', str(work_dir), *extra, '--cfg-options',
            f'train_dataloader.dataset.data_root={data_root}',
            'train_dataloader.batch_size=4', 'train_dataloader.num_workers=0',
-           'train_dataloader.persistent_workers=False', 'train_cfg.max_epochs=2',
-           'default_hooks.logger.interval=1', 'default_hooks.checkpoint.interval=2']
+           'train_dataloader.persistent_workers=False', f'train_cfg.max_epochs={max_epochs}',
+           'default_hooks.logger.interval=1', 'default_hooks.checkpoint.interval=1']
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def test_tools_train_py_end_to_end_and_resume(tmp_path):
+    data_root = make_image_folder(tmp_path / 'data', classes=2, per_class=4)
+    work_dir = tmp_path / 'work'
+    result = train_cli(data_root, work_dir)
     logged = [s for s in scalars(work_dir) if 'loss_dino' in s]
     assert len(logged) == 4
     for key in ('loss', 'loss_dino', 'loss_restore'):
@@ -113,3 +118,8 @@ def test_tools_train_py_end_to_end(tmp_path):
         assert all(math.isfinite(v) for v in values) and len(set(values)) > 1
     assert (work_dir / 'epoch_2.pth').exists()
     assert 'eta' in result.stdout + result.stderr
+
+    # --resume (auto) picks up epoch_2.pth under weights-only loading and trains epoch 3.
+    resumed = train_cli(data_root, work_dir, '--resume', max_epochs=3)
+    assert 'resumed epoch: 2' in resumed.stdout + resumed.stderr
+    assert (work_dir / 'epoch_3.pth').exists()

@@ -1,4 +1,10 @@
 from .distributed import CPUSyncBatchNorm, DeviceAgnosticDDP, init_cpu_distributed
 from .hooks import *  # noqa: F401,F403
+from .safe_loading import allow_mmengine_checkpoint_globals
 
-__all__ = ['CPUSyncBatchNorm', 'DeviceAgnosticDDP', 'init_cpu_distributed']
+allow_mmengine_checkpoint_globals()
+
+__all__ = [
+    'CPUSyncBatchNorm', 'DeviceAgnosticDDP', 'allow_mmengine_checkpoint_globals',
+    'init_cpu_distributed'
+]
