@@ -1,3 +1,4 @@
+from .feature_embedder import FeatureEmbedder
 from .mst import MST
 
-__all__ = ['MST']
+__all__ = ['FeatureEmbedder', 'MST']

@@ -1,0 +1,29 @@
+# Weighted k-NN of an MST DeiT-S checkpoint on ImageNet-1k (paper appendix, Table 7):
+# train split as reference, val split as queries, 224 px centre crops of 256 px resizes.
+#   bash tools/dist_test.sh configs/benchmarks/knn/knn_deit-s_in1k.py CKPT 8
+_base_ = ['../../_base_/default_runtime.py']
+
+model = dict(
+    type='FeatureEmbedder',
+    weights='teacher',
+    data_preprocessor=dict(mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375],
+                           to_rgb=True),
+    backbone=dict(type='VisionTransformer', arch='deit-small', img_size=224, patch_size=16,
+                  out_type='cls_token'))
+
+pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='ResizeEdge', scale=256, edge='short', backend='pillow', interpolation='bicubic'),
+    dict(type='CenterCrop', crop_size=224),
+    dict(type='PackInputs'),
+]
+reference_dataloader = dict(
+    batch_size=128, num_workers=8,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    dataset=dict(type='ImageNet', data_root='data/imagenet', split='train', pipeline=pipeline))
+test_dataloader = dict(
+    batch_size=128, num_workers=8,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    dataset=dict(type='ImageNet', data_root='data/imagenet', split='val', pipeline=pipeline))
+test_cfg = dict(type='KNNTestLoop', train_dataloader=reference_dataloader)
+test_evaluator = dict(type='WeightedKNNAccuracy', ks=(10, 20, 100, 200), temperature=0.07)

@@ -1,0 +1,28 @@
+# Weighted k-NN (paper appendix: cosine similarity, T = 0.07, k in {10, 20, 100, 200}) of the
+# demo's tiny ViT on the held-out split of the demo textures.
+#   python tools/test.py configs/benchmarks/knn/knn_vit-tiny_demo.py work_dirs/mst_demo/epoch_30.pth
+_base_ = ['../../_base_/default_runtime.py']
+
+data_root = 'data/mst_demo'
+embed_dims = 96
+model = dict(
+    type='FeatureEmbedder',
+    weights='teacher',
+    data_preprocessor=dict(mean=[127.5] * 3, std=[64.0] * 3, to_rgb=True),
+    backbone=dict(
+        type='VisionTransformer',
+        arch=dict(embed_dims=embed_dims, num_layers=4, num_heads=4,
+                  feedforward_channels=embed_dims * 4),
+        img_size=32, patch_size=4, out_type='cls_token'))
+
+pipeline = [dict(type='LoadImageFromFile'), dict(type='PackInputs')]
+reference_dataloader = dict(
+    batch_size=256, num_workers=0,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    dataset=dict(type='CustomDataset', data_root=data_root + '/train', pipeline=pipeline))
+test_dataloader = dict(
+    batch_size=256, num_workers=0,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    dataset=dict(type='CustomDataset', data_root=data_root + '/val', pipeline=pipeline))
+test_cfg = dict(type='KNNTestLoop', train_dataloader=reference_dataloader)
+test_evaluator = dict(type='WeightedKNNAccuracy', ks=(10, 20, 100, 200), temperature=0.07)

@@ -1,0 +1,128 @@
+"""Chunked weighted k-NN equals a brute-force computation."""
+import pytest
+import torch
+
+from mst_mm.evaluation import knn_top1, weighted_knn_scores
+
+
+def brute_force_votes(train, labels, query, num_classes, k, t):
+    train = train / train.norm(dim=1, keepdim=True)
+    query = query / query.norm(dim=1, keepdim=True)
+    votes = torch.zeros(len(query), num_classes, dtype=torch.float64)
+    for i, q in enumerate(query.double()):
+        sims = [(float(q @ x.double()), int(y)) for x, y in zip(train, labels)]
+        sims.sort(key=lambda s: -s[0])
+        for sim, y in sims[:k]:
+            votes[i, y] += torch.exp(torch.tensor(sim / t, dtype=torch.float64))
+    return votes
+
+
+@pytest.mark.parametrize('chunk_size', [7, 64, 4096])
+def test_chunked_votes_equal_brute_force(chunk_size):
+    gen = torch.Generator().manual_seed(0)
+    train, query = torch.randn(150, 16, generator=gen), torch.randn(23, 16, generator=gen)
+    labels = torch.randint(0, 5, (150,), generator=gen)
+    votes = weighted_knn_scores(train, labels, query, 5, ks=(1, 10, 20, 200),
+                                temperature=0.07, chunk_size=chunk_size)
+    for k, got in votes.items():
+        expected = brute_force_votes(train, labels, query, 5, min(k, 150), 0.07)
+        torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_top1_on_separable_clusters_and_errors():
+    gen = torch.Generator().manual_seed(1)
+    centres = torch.randn(3, 8, generator=gen) * 5
+    labels = torch.arange(3).repeat_interleave(20)
+    feats = centres[labels] + 0.1 * torch.randn(60, 8, generator=gen)
+    acc = knn_top1(feats[::2], labels[::2], feats[1::2], labels[1::2], ks=(1, 5))
+    assert acc == {1: 100.0, 5: 100.0}
+    with pytest.raises(ValueError, match='labels'):
+        knn_top1(feats, labels[:3], feats, labels)
+
+
+def _tiny_mst_and_embedder(weights='teacher'):
+    from mmengine.config import Config
+    from mmpretrain.registry import MODELS
+
+    from tests.helpers import REPO
+    knn_cfg = Config.fromfile(str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py'))
+    demo_cfg = Config.fromfile(str(REPO / 'configs/mst_vit-tiny_demo.py'))
+    torch.manual_seed(0)
+    mst = MODELS.build(demo_cfg.model)
+    mst.init_weights()
+    with torch.no_grad():  # make teacher and student differ
+        for p in mst.teacher.parameters():
+            p.add_(0.01)
+    knn_cfg.model.weights = weights
+    return mst, knn_cfg
+
+
+@pytest.mark.parametrize('weights', ['teacher', 'student'])
+def test_embedder_loads_the_chosen_mst_backbone_with_exact_keys(weights):
+    from mmpretrain.registry import MODELS
+
+    mst, knn_cfg = _tiny_mst_and_embedder(weights)
+    embedder = MODELS.build(knn_cfg.model)
+    embedder.load_state_dict(mst.state_dict(), strict=True)  # zero missing / unexpected
+    source = mst.teacher.module[0] if weights == 'teacher' else mst.backbone
+    for name, value in embedder.backbone.state_dict().items():
+        torch.testing.assert_close(value, source.state_dict()[name])
+
+
+def test_knn_test_loop_equals_direct_computation(tmp_path):
+    from mmengine.runner import Runner
+
+    from tests.helpers import make_image_folder
+    mst, cfg = _tiny_mst_and_embedder()
+    ckpt = tmp_path / 'mst.pth'
+    torch.save({'state_dict': mst.state_dict()}, ckpt)
+    make_image_folder(tmp_path / 'data' / 'train', classes=3, per_class=6, seed=0)
+    make_image_folder(tmp_path / 'data' / 'val', classes=3, per_class=3, seed=1)
+    for loader in (cfg.test_dataloader, cfg.test_cfg.train_dataloader):
+        split = 'val' if loader is cfg.test_dataloader else 'train'
+        loader.dataset.data_root = str(tmp_path / 'data' / split)
+        loader.batch_size = 4
+    cfg.test_evaluator.ks = (1, 5, 200)
+    cfg.work_dir, cfg.load_from, cfg.log_level = str(tmp_path / 'work'), str(ckpt), 'WARNING'
+    runner = Runner.from_cfg(cfg)
+    metrics = runner.test()
+
+    embedder = runner.model
+    feats = {}
+    for split in ('train', 'val'):
+        loader = runner.test_loop.reference_dataloader if split == 'train' else \
+            runner.test_loop.dataloader
+        outs = [s for batch in loader for s in embedder.test_step(batch)]
+        feats[split] = (torch.stack([s.embedding for s in outs]),
+                        torch.tensor([int(s.gt_label) for s in outs]))
+    expected = knn_top1(*feats['train'], *feats['val'], num_classes=3, ks=(1, 5, 200))
+    assert metrics == pytest.approx({f'knn/top1_k{k}': v for k, v in expected.items()})
+    assert len(feats['train'][0]) == 18 and len(feats['val'][0]) == 9
+
+
+def test_knn_eval_tool_prints_and_writes_json(tmp_path, capsys):
+    import importlib.util
+    import json
+
+    from tests.helpers import REPO, make_image_folder
+    mst, _ = _tiny_mst_and_embedder()
+    ckpt = tmp_path / 'mst.pth'
+    torch.save({'state_dict': mst.state_dict()}, ckpt)
+    make_image_folder(tmp_path / 'd' / 'train', classes=2, per_class=4)
+    make_image_folder(tmp_path / 'd' / 'val', classes=2, per_class=2, seed=3)
+    spec = importlib.util.spec_from_file_location(
+        'knn_eval', REPO / 'tools' / 'analysis' / 'knn_eval.py')
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    out = tmp_path / 'knn.json'
+    result = tool.main([str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py'), str(ckpt),
+                        '--ks', '1', '3', '--out', str(out), '--work-dir', str(tmp_path / 'w'),
+                        '--cfg-options', f'data_root={tmp_path / "d"}',
+                        f'test_dataloader.dataset.data_root={tmp_path / "d" / "val"}',
+                        f'test_cfg.train_dataloader.dataset.data_root={tmp_path / "d" / "train"}'])
+    assert set(result) == {1, 3} and all(0 <= v <= 100 for v in result.values())
+    assert json.loads(out.read_text()) == {f'top1_k{k}': v for k, v in result.items()}
+    assert '|   k | top-1 (%) |' in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match='does not exist'):
+        tool.main([str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py'),
+                   str(tmp_path / 'missing.pth')])
