@@ -88,3 +88,26 @@ def test_bad_masks_are_refused():
     assert not any('mask_token' in n for n, _ in teacher.named_parameters())
     with pytest.raises(ValueError, match='use_mask_token=False'):
         teacher.forward_mst(torch.randn(2, 3, 32, 32), mask=torch.zeros(2, 16, dtype=torch.bool))
+
+
+def test_norm_intermediate_and_multi_block_neck_follow_dino_probe():
+    from mst_mm.models import MultiBlockCLSNeck
+
+    torch.manual_seed(0)
+    vit = MaskViT(arch=TINY, img_size=32, patch_size=8, out_type='raw', out_indices=[0, 1],
+                  norm_intermediate=True, use_mask_token=False)
+    vit.init_weights()
+    vit.eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        outs = vit(x)
+        tokens, _ = vit._embed(x)
+        first = vit.layers[0](tokens)
+        second = vit.layers[1](first)
+        probe_input = MultiBlockCLSNeck()(outs)[0]
+        with_patches = MultiBlockCLSNeck(avgpool_patch_tokens=True)(outs)[0]
+    torch.testing.assert_close(outs[0], vit.ln1(first))
+    torch.testing.assert_close(outs[1], vit.ln1(second))
+    torch.testing.assert_close(probe_input, torch.cat([vit.ln1(first)[:, 0],
+                                                       vit.ln1(second)[:, 0]], dim=1))
+    torch.testing.assert_close(with_patches[:, 64:], vit.ln1(second)[:, 1:].mean(1))

@@ -74,11 +74,18 @@ class MaskViT(VisionTransformer):
     Args:
         use_mask_token (bool): Create the learnable [MASK] embedding. The student has one;
             the teacher does not need it. Defaults to True.
+        norm_intermediate (bool): Apply the final LayerNorm to every output of
+            ``out_indices``, as DINO's ``get_intermediate_layers`` does for its linear probe
+            on the last blocks. Defaults to False (mmpretrain's behaviour).
         **kwargs: The arguments of mmpretrain's ``VisionTransformer``.
     """
 
-    def __init__(self, *args, use_mask_token: bool = True, **kwargs) -> None:
+    def __init__(self, *args, use_mask_token: bool = True, norm_intermediate: bool = False,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if norm_intermediate and not self.final_norm:
+            raise ValueError('norm_intermediate=True needs final_norm=True.')
+        self.norm_intermediate = norm_intermediate
         if not self.with_cls_token:
             raise ValueError('MaskViT needs `with_cls_token=True`: MST guides the mask with the '
                              'CLS attention and feeds the CLS token to the projection neck.')
@@ -90,20 +97,9 @@ class MaskViT(VisionTransformer):
         if self.mask_token is not None:
             trunc_normal_(self.mask_token, std=.02)
 
-    def forward_mst(self,
-                    x: torch.Tensor,
-                    mask: Optional[torch.Tensor] = None,
-                    with_attn: bool = False) -> MSTFeatures:
-        """One pass that returns the CLS token, the patch map and, optionally, the attention.
-
-        Args:
-            x (Tensor): Images, (B, 3, H, W).
-            mask (BoolTensor, optional): (B, N), True where the patch becomes [MASK].
-            with_attn (bool): Also return the last layer's CLS-to-patch attention.
-
-        Returns:
-            MSTFeatures: ``global_feat`` is the final-normed CLS token.
-        """
+    def _embed(self, x: torch.Tensor,
+               mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """Patch embedding, [MASK] replacement, CLS token, position embedding."""
         batch = x.shape[0]
         x, patch_resolution = self.patch_embed(x)
         if mask is not None:
@@ -122,7 +118,36 @@ class MaskViT(VisionTransformer):
             patch_resolution,
             mode=self.interpolate_mode,
             num_extra_tokens=self.num_extra_tokens)
-        x = self.pre_norm(self.drop_after_pos(x))
+        return self.pre_norm(self.drop_after_pos(x)), patch_resolution
+
+    def forward(self, x: torch.Tensor) -> tuple:
+        """mmpretrain's forward; with ``norm_intermediate`` every output is final-normed."""
+        if not self.norm_intermediate:
+            return super().forward(x)
+        x, patch_resolution = self._embed(x)
+        outs = []
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i in self.out_indices:
+                outs.append(self._format_output(self.ln1(x), patch_resolution))
+        return tuple(outs)
+
+    def forward_mst(self,
+                    x: torch.Tensor,
+                    mask: Optional[torch.Tensor] = None,
+                    with_attn: bool = False) -> MSTFeatures:
+        """One pass that returns the CLS token, the patch map and, optionally, the attention.
+
+        Args:
+            x (Tensor): Images, (B, 3, H, W).
+            mask (BoolTensor, optional): (B, N), True where the patch becomes [MASK].
+            with_attn (bool): Also return the last layer's CLS-to-patch attention.
+
+        Returns:
+            MSTFeatures: ``global_feat`` is the final-normed CLS token.
+        """
+        batch = x.shape[0]
+        x, patch_resolution = self._embed(x, mask)
 
         attn = None
         last = len(self.layers) - 1
