@@ -33,6 +33,7 @@ def test_fused_path_attention_equals_hand_computation_from_q_and_k():
     expected = full.mean(dim=1)[:, 0, 1:]
     assert feats.attn.shape == (3, 16)
     torch.testing.assert_close(feats.attn, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(feats.attn_heads, full[:, :, 0, 1:], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(feats.attn.sum(dim=1) + full.mean(1)[:, 0, 0], torch.ones(3))
 
 

@@ -16,10 +16,12 @@ class MSTFeatures(NamedTuple):
         global_feat (Tensor): (B, C), the image embedding fed to the projection neck.
         feat_map (Tensor): (B, C, h, w), patch features on the mask grid, for the decoder.
         attn (Tensor | None): (B, h * w), the guidance for the mask rule, when asked for.
+        attn_heads (Tensor | None): (B, heads, h * w), the same per head, for pictures.
     """
     global_feat: torch.Tensor
     feat_map: torch.Tensor
     attn: Optional[torch.Tensor]
+    attn_heads: Optional[torch.Tensor] = None
 
 
 def encoder_layer_with_cls_attention(layer: nn.Module,
@@ -35,8 +37,9 @@ def encoder_layer_with_cls_attention(layer: nn.Module,
                \mathrm{Softmax}\Big(Q_h^{cls}\cdot\frac{K_h^T}{\sqrt d}\Big)
 
     Returns:
-        tuple: The layer output (B, 1 + N, C) and the CLS-to-patch attention averaged over
-        heads, (B, N), taken over all keys and then restricted to the patches (as DINO does).
+        tuple: The layer output (B, 1 + N, C) and the CLS-to-patch attention of each head,
+        (B, heads, N), taken over all keys and then restricted to the patches (as DINO
+        does); its mean over heads is Eq. 5.
     """
     attn = layer.attn
     h = layer.ln1(x)
@@ -54,7 +57,7 @@ def encoder_layer_with_cls_attention(layer: nn.Module,
 
     with torch.no_grad():
         scores = (q[:, :, :1].float() @ k.float().transpose(-2, -1)) * attn.head_dims**-0.5
-        cls_attn = scores.softmax(dim=-1).mean(dim=1)[:, 0, 1:]
+        cls_attn = scores.softmax(dim=-1)[:, :, 0, 1:]
     return x, cls_attn
 
 
@@ -149,11 +152,11 @@ class MaskViT(VisionTransformer):
         batch = x.shape[0]
         x, patch_resolution = self._embed(x, mask)
 
-        attn = None
+        attn_heads = None
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             if with_attn and i == last:
-                x, attn = encoder_layer_with_cls_attention(layer, x)
+                x, attn_heads = encoder_layer_with_cls_attention(layer, x)
             else:
                 x = layer(x)
         if self.final_norm:
@@ -161,4 +164,5 @@ class MaskViT(VisionTransformer):
 
         patches = x[:, self.num_extra_tokens:]
         feat_map = patches.transpose(1, 2).reshape(batch, -1, *patch_resolution)
-        return MSTFeatures(x[:, 0], feat_map, attn)
+        attn = attn_heads.mean(dim=1) if attn_heads is not None else None
+        return MSTFeatures(x[:, 0], feat_map, attn, attn_heads)
