@@ -15,8 +15,8 @@ local_crop_size = 16
 num_local_crops = 4
 patch_size = 4            # 8 x 8 patch grid on a global crop; num=8 -> 8 candidates
 embed_dims = 96
-max_epochs = 30
-warmup_epochs = 3
+max_epochs = 10
+warmup_epochs = 1
 batch_size = 64
 
 model = dict(

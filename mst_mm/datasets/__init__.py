@@ -1,3 +1,6 @@
+from .demo_textures import SOURCES as DEMO_TEXTURES
+from .demo_textures import stratified_split, texture_patches, write_demo_dataset
 from .transforms import MultiCrop
 
-__all__ = ['MultiCrop']
+__all__ = ['DEMO_TEXTURES', 'MultiCrop', 'stratified_split', 'texture_patches',
+           'write_demo_dataset']

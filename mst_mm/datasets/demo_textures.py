@@ -1,4 +1,4 @@
-"""Write the Quick-start demo's images: real textures bundled with scikit-image.
+"""The Quick-start demo's images: real textures bundled with scikit-image.
 
 Six images ship inside the scikit-image wheel (no download at run time): brick, grass and
 gravel (material textures), the moon's surface, an immunohistochemistry slide and the
@@ -8,11 +8,8 @@ image. Raw pixels are a poor feature for this task (weighted kNN on raw pixels s
 below 90 %, see README), which leaves room for pretraining to show what it learns.
 
 The output is an image folder per split, one sub-folder per class, readable by
-mmpretrain's ``CustomDataset``:
-
-    python tools/prepare_demo_data.py --out data/mst_demo
+mmpretrain's ``CustomDataset`` (``tools/demo.py`` writes it).
 """
-import argparse
 import json
 import os
 import os.path as osp
@@ -80,18 +77,3 @@ def write_demo_dataset(out: str, patch: int = 32, per_class: int = 256, seed: in
     with open(stamp, 'w') as f:
         json.dump(summary, f, indent=2)
     return summary
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--out', default='data/mst_demo', help='output folder')
-    parser.add_argument('--patch', type=int, default=32, help='patch size in pixels')
-    parser.add_argument('--per-class', type=int, default=256, help='patches per class')
-    args = parser.parse_args()
-    summary = write_demo_dataset(args.out, args.patch, args.per_class)
-    print(f"demo data in {args.out}: {summary['train']} train / {summary['val']} held-out "
-          f"images, classes {', '.join(summary['classes'])}")
-
-
-if __name__ == '__main__':
-    main()
