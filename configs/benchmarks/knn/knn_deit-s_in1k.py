@@ -1,7 +1,10 @@
 # Weighted k-NN of an MST DeiT-S checkpoint on ImageNet-1k (paper appendix, Table 7):
 # train split as reference, val split as queries, 224 px centre crops of 256 px resizes.
 #   bash tools/dist_test.sh configs/benchmarks/knn/knn_deit-s_in1k.py CKPT 8
-_base_ = ['../../_base_/default_runtime.py']
+_base_ = [
+    '../../_base_/datasets/imagenet_linear_probe.py',
+    '../../_base_/default_runtime.py',
+]
 
 model = dict(
     type='FeatureEmbedder',
@@ -11,12 +14,7 @@ model = dict(
     backbone=dict(type='VisionTransformer', arch='deit-small', img_size=224, patch_size=16,
                   out_type='cls_token'))
 
-pipeline = [
-    dict(type='LoadImageFromFile'),
-    dict(type='ResizeEdge', scale=256, edge='short', backend='pillow', interpolation='bicubic'),
-    dict(type='CenterCrop', crop_size=224),
-    dict(type='PackInputs'),
-]
+pipeline = {{_base_.test_pipeline}}
 reference_dataloader = dict(
     batch_size=128, num_workers=8,
     sampler=dict(type='DefaultSampler', shuffle=False),
