@@ -1,0 +1,40 @@
+"""MultiCrop: DINO's views from mmpretrain's transforms, random per view and sample."""
+import numpy as np
+import pytest
+
+import mst_mm  # noqa: F401
+from mst_mm.datasets import MultiCrop
+
+
+def _image(seed=0):
+    return np.random.RandomState(seed).randint(0, 256, (120, 150, 3), dtype=np.uint8)
+
+
+def test_views_sizes_and_count():
+    views = MultiCrop(global_size=64, local_size=24, num_local_crops=3)(dict(img=_image()))['img']
+    assert [v.shape for v in views] == [(64, 64, 3)] * 2 + [(24, 24, 3)] * 3
+    only_globals = MultiCrop(global_size=64, local_size=24, num_local_crops=0)
+    assert len(only_globals(dict(img=_image()))['img']) == 2
+
+
+def test_asymmetric_blur_and_solarize_with_per_call_radius():
+    transform = MultiCrop(num_local_crops=2)
+    g1, g2, local = (view.transforms for view in transform.multi_view.pipelines)
+    blur = {name: [t for t in pipe if type(t).__name__ == 'GaussianBlur'][0]
+            for name, pipe in (('g1', g1), ('g2', g2), ('local', local))}
+    assert (blur['g1'].prob, blur['g2'].prob, blur['local'].prob) == (1.0, 0.1, 0.5)
+    # magnitude_std='inf' draws the radius uniformly at every call, not once at build time.
+    radii = {round(blur['g1'].random_magnitude(), 6) for _ in range(20)}
+    assert len(radii) > 10 and all(0.1 <= r <= 2.0 for r in radii)
+    assert any(type(t).__name__ == 'Solarize' for t in g2)
+    assert not any(type(t).__name__ == 'Solarize' for t in g1)
+
+
+def test_two_samples_get_different_views_and_bad_sizes_are_refused():
+    transform = MultiCrop(global_size=32, local_size=16, num_local_crops=1)
+    image = _image()
+    a = transform(dict(img=image.copy()))['img']
+    b = transform(dict(img=image.copy()))['img']
+    assert not all(np.array_equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(ValueError, match='Local crops'):
+        MultiCrop(global_size=32, local_size=64)
