@@ -3,6 +3,8 @@ import importlib.util
 import json
 import os
 
+from mmengine.config import Config
+
 from tests.helpers import REPO, make_image_folder
 
 
@@ -26,5 +28,13 @@ def test_demo_runs_every_row_for_every_seed(tmp_path, capsys):
     saved = json.loads((work_dir / 'knn_table.json').read_text())
     assert list(saved) == rows
     assert os.path.isfile(work_dir / 'pictures' / 'mst_pictures.png')
+    # Each row trained what it says: the dumped configs of the runs.
+    dumped = {name: Config.fromfile(str(work_dir / 'seed0' / name / 'mst_vit-tiny_demo.py'))
+              for name, _, _ in demo.VARIANTS}
+    assert dumped['dino'].model.decoder_head is None
+    assert dumped['dino'].model.mask_cfg.mode == 'none'
+    assert dumped['mst_random_mask'].model.mask_cfg.mode == 'random'
+    assert dumped['mst'].model.mask_cfg.mode == 'attention'
+    assert dumped['mst'].model.decoder_head.type == 'ImageDecoderHead'
     out = capsys.readouterr().out
     assert 'mean ± std over 2 seeds' in out and '| raw pixels |' in out

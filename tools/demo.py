@@ -59,7 +59,7 @@ def pretrain(variant: dict, seed: int, epochs, batch_size, data_root: str,
              work_dir: str) -> str:
     from mmengine.runner import Runner
     cfg = Config.fromfile(PRETRAIN_CONFIG)
-    _merge_model(cfg, variant)
+    cfg.merge_from_dict(dict(model=variant))  # nested dicts merge, None replaces
     cfg.train_dataloader.dataset.data_root = osp.join(data_root, 'train')
     cfg.randomness = dict(seed=seed)
     cfg.work_dir = work_dir
@@ -70,14 +70,6 @@ def pretrain(variant: dict, seed: int, epochs, batch_size, data_root: str,
     runner = Runner.from_cfg(cfg)
     runner.train()
     return osp.join(work_dir, f'epoch_{cfg.train_cfg.max_epochs}.pth')
-
-
-def _merge_model(cfg: Config, variant: dict) -> None:
-    for key, value in variant.items():
-        if isinstance(value, dict) and isinstance(cfg.model.get(key), dict):
-            cfg.model[key].update(value)
-        else:
-            cfg.model[key] = value
 
 
 def _set_epochs(cfg: Config, epochs: int) -> None:
