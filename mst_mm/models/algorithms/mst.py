@@ -64,6 +64,8 @@ class MST(BaseSelfSupervisor):
         check_mask_args(**self.mask_cfg)
         self.num_global_crops = num_global_crops
         self.decoder_head = MODELS.build(decoder_head) if decoder_head else None
+        if self.decoder_head is not None:
+            self._check_decoder_reaches_input_size()
 
         # The teacher is built, not deep-copied: it has no drop-path and no [MASK] token.
         # CosineEMA pairs its parameters with the student's by name, so the student's
@@ -73,6 +75,16 @@ class MST(BaseSelfSupervisor):
         teacher = nn.Sequential(MODELS.build(teacher_backbone), MODELS.build(copy.deepcopy(neck)))
         teacher.load_state_dict(self._student().state_dict(), strict=False)
         self.teacher = CosineEMA(teacher, momentum=base_momentum, end_momentum=end_momentum)
+
+    def _check_decoder_reaches_input_size(self) -> None:
+        stride, factor = self.backbone.feat_stride, self.decoder_head.upsample_factor
+        if factor == stride:
+            return
+        stages = stride.bit_length() - 1
+        fix = (f'give decoder_head.channels {stages} stages (one per 2x)'
+               if 2**stages == stride else 'use a power-of-two patch size')
+        raise ValueError(f'The decoder upsamples {factor}x but the backbone has {stride}-pixel '
+                         f'patches, so the restored image would not match the input: {fix}.')
 
     def _student(self) -> nn.Sequential:
         return nn.Sequential(self.backbone, self.neck)

@@ -95,6 +95,11 @@ class MaskViT(VisionTransformer):
         self.mask_token = (nn.Parameter(torch.zeros(1, 1, self.embed_dims))
                            if use_mask_token else None)
 
+    @property
+    def feat_stride(self) -> int:
+        """Pixels per patch: the decoder must upsample the patch map by this factor."""
+        return self.patch_embed.projection.stride[0]
+
     def init_weights(self) -> None:
         super().init_weights()
         if self.mask_token is not None:
