@@ -1,9 +1,12 @@
 """MultiCrop: DINO's views from mmpretrain's transforms, random per view and sample."""
+import random
+
 import numpy as np
 import pytest
+from mmpretrain.datasets.transforms import ColorJitter, RandomResizedCrop
 
 import mst_mm  # noqa: F401
-from mst_mm.datasets import MultiCrop
+from mst_mm.datasets import ContiguousRandomResizedCrop, FusedColorJitter, MultiCrop
 
 
 def _image(seed=0):
@@ -38,3 +41,34 @@ def test_two_samples_get_different_views_and_bad_sizes_are_refused():
     assert not all(np.array_equal(x, y) for x, y in zip(a, b))
     with pytest.raises(ValueError, match='Local crops'):
         MultiCrop(global_size=32, local_size=64)
+
+
+def _seeded(transform, image, seed):
+    random.seed(seed)           # GaussianBlur draws from `random`, the rest from numpy
+    np.random.seed(seed)
+    return transform(dict(img=image.copy()))['img']
+
+
+@pytest.mark.parametrize('shape', [(120, 150, 3), (97, 61, 3)])
+def test_fast_transforms_give_mmpretrains_images_bit_for_bit(shape):
+    image = np.random.RandomState(1).randint(0, 256, shape, dtype=np.uint8)
+    jitter = dict(brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)
+    crop = dict(scale=48, crop_ratio_range=(0.05, 1.0), interpolation='bicubic',
+                backend='pillow')
+    pairs = [(FusedColorJitter(**jitter), ColorJitter(**jitter)),
+             (ContiguousRandomResizedCrop(**crop), RandomResizedCrop(**crop))]
+    for fast, reference in pairs:
+        for seed in range(6):
+            out = _seeded(fast, image, seed)
+            assert np.array_equal(out, _seeded(reference, image, seed)), (fast, seed)
+        assert not np.array_equal(_seeded(fast, image, 0), _seeded(fast, image, 1))
+
+    fast = MultiCrop(global_size=40, local_size=16, num_local_crops=3)
+    reference = MultiCrop(global_size=40, local_size=16, num_local_crops=3,
+                          fast_transforms=False)
+    assert [type(t).__name__ for t in fast.multi_view.pipelines[0].transforms][:1] == [
+        'ContiguousRandomResizedCrop']
+    for seed in range(4):
+        views = _seeded(fast, image, seed)
+        assert len(views) == 5
+        assert all(np.array_equal(a, b) for a, b in zip(views, _seeded(reference, image, seed)))

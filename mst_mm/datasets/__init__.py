@@ -1,6 +1,6 @@
 from .demo_textures import SOURCES as DEMO_TEXTURES
 from .demo_textures import stratified_split, texture_patches, write_demo_dataset
-from .transforms import MultiCrop
+from .transforms import ContiguousRandomResizedCrop, FusedColorJitter, MultiCrop
 
-__all__ = ['DEMO_TEXTURES', 'MultiCrop', 'stratified_split', 'texture_patches',
-           'write_demo_dataset']
+__all__ = ['DEMO_TEXTURES', 'ContiguousRandomResizedCrop', 'FusedColorJitter', 'MultiCrop',
+           'stratified_split', 'texture_patches', 'write_demo_dataset']

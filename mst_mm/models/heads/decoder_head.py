@@ -51,6 +51,7 @@ class ImageDecoderHead(BaseModule):
         if len(channels) < 1:
             raise ValueError('ImageDecoderHead needs at least one upsampling stage.')
         self.loss_weight = loss_weight
+        self.channels = tuple(channels)
         self.upsample_factor = 2**len(channels)
         stages = []
         prev = in_channels
