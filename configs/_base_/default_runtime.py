@@ -7,6 +7,9 @@ default_scope = 'mmpretrain'
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),
     checkpoint=dict(type='CheckpointHook', interval=10, max_keep_ckpts=3),
+    # RNG states in every checkpoint: a resumed run repeats the uninterrupted one exactly
+    # (with the dataloaders' worker_init_from_torch_seed and non-persistent workers).
+    random_state=dict(type='RandomStateHook'),
 )
 log_processor = dict(window_size=50)
 

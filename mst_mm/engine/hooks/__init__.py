@@ -1,4 +1,6 @@
 from .dino_schedule_hooks import FreezeLastLayerHook, TeacherTempWarmupHook
 from .mst_visualization_hook import MSTVisualizationHook
+from .random_state_hook import RandomStateHook
 
-__all__ = ['FreezeLastLayerHook', 'MSTVisualizationHook', 'TeacherTempWarmupHook']
+__all__ = ['FreezeLastLayerHook', 'MSTVisualizationHook', 'RandomStateHook',
+           'TeacherTempWarmupHook']
