@@ -42,10 +42,10 @@ train_dataloader = dict(
     sampler=dict(type='DefaultSampler', shuffle=True),
     collate_fn=dict(type='default_collate'),
     dataset=dict(
-        type='CustomDataset',
+        type='CheckedImageDataset',  # mmpretrain's CustomDataset + input checks
         data_root=data_root,
         pipeline=[
-            dict(type='LoadImageFromFile'),
+            dict(type='LoadImageOrSkip'),
             dict(type='MultiCrop', global_size=global_crop_size, local_size=local_crop_size,
                  num_local_crops=num_local_crops, global_scale=(0.4, 1.0),
                  local_scale=(0.05, 0.4)),
@@ -69,7 +69,7 @@ custom_hooks = [
 ]
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=5),
-    checkpoint=dict(type='CheckpointHook', interval=max_epochs, max_keep_ckpts=1))
+    checkpoint=dict(type='SafeCheckpointHook', interval=max_epochs, max_keep_ckpts=1))
 log_processor = dict(window_size=5)
 randomness = dict(seed=0)
 auto_scale_lr = dict(base_batch_size=batch_size, enable=False)

@@ -18,21 +18,22 @@ EPOCHS, ITERS_PER_EPOCH, KILL_AT = 4, 4, 11
 LOGGED = ('loss', 'loss_dino', 'loss_restore', 'lr', 'base_lr', 'teacher_temp', 'grad_norm')
 
 
-def train(data_root, work_dir, *extra, kill_at=None):
+def train(data_root, work_dir, *extra, fault=None, at=None, checkpoint_interval=2,
+          keep=3, epochs=EPOCHS):
     config = DEMO_CONFIG
-    if kill_at is not None:  # custom_imports only act in a config file
-        config = str(work_dir) + '_kill.py'
+    if fault is not None:  # custom_imports only act in a config file
+        config = str(work_dir) + '_fault.py'
         with open(config, 'w') as f:
             f.write(f'_base_ = [{DEMO_CONFIG!r}]\n'
-                    "custom_imports = dict(imports=['mst_mm', 'tests.kill_hook'],\n"
+                    "custom_imports = dict(imports=['mst_mm', 'tests.fault_hooks'],\n"
                     '                      allow_failed_imports=False)\n'
-                    'default_hooks = dict(kill=dict(type="KillAtIterationHook", '
-                    f'iteration={kill_at}))\n')
+                    f'default_hooks = dict(fault=dict(type={fault!r}, iteration={at}))\n')
     options = [f'train_dataloader.dataset.data_root={data_root}',
                'train_dataloader.batch_size=4', 'train_dataloader.num_workers=2',
-               f'train_cfg.max_epochs={EPOCHS}', 'default_hooks.logger.interval=1',
-               'log_processor.window_size=1', 'default_hooks.checkpoint.interval=2',
-               'default_hooks.checkpoint.max_keep_ckpts=3', 'randomness.seed=3']
+               f'train_cfg.max_epochs={epochs}', 'default_hooks.logger.interval=1',
+               'log_processor.window_size=1',
+               f'default_hooks.checkpoint.interval={checkpoint_interval}',
+               f'default_hooks.checkpoint.max_keep_ckpts={keep}', 'randomness.seed=3']
     cmd = [sys.executable, str(REPO / 'tools' / 'train.py'), config,
            '--work-dir', str(work_dir), *extra, '--cfg-options', *options]
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -57,7 +58,7 @@ def test_killed_and_resumed_run_repeats_the_uninterrupted_run_bit_for_bit(tmp_pa
     reference = logged_iterations(tmp_path / 'straight')
     assert sorted(reference) == list(range(1, EPOCHS * ITERS_PER_EPOCH + 1))
 
-    killed = train(data_root, tmp_path / 'killed', kill_at=KILL_AT)
+    killed = train(data_root, tmp_path / 'killed', fault='KillAtIterationHook', at=KILL_AT)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert (tmp_path / 'killed' / 'epoch_2.pth').exists()
     assert not (tmp_path / 'killed' / 'epoch_4.pth').exists()
@@ -69,6 +70,42 @@ def test_killed_and_resumed_run_repeats_the_uninterrupted_run_bit_for_bit(tmp_pa
     for it in range(2 * ITERS_PER_EPOCH + 1, EPOCHS * ITERS_PER_EPOCH + 1):
         assert second_half[it] == reference[it], f'iteration {it} differs'
     assert {'loss_restore', 'teacher_temp', 'lr'} <= set(reference[16])
+
+
+def test_non_finite_loss_stops_before_the_update_and_the_last_checkpoint_resumes(tmp_path):
+    data_root = make_image_folder(tmp_path / 'data', classes=2, per_class=8, size=(40, 48))
+    work_dir = tmp_path / 'work'
+    poisoned = train(data_root, work_dir, fault='PoisonAtIterationHook', at=7,
+                     checkpoint_interval=1)
+    assert poisoned.returncode != 0
+    assert 'Non-finite MST loss at iteration 7 (loss_dino=nan' in poisoned.stderr
+    assert (work_dir / 'epoch_1.pth').exists() and not (work_dir / 'epoch_2.pth').exists()
+    state = torch.load(work_dir / 'epoch_1.pth', weights_only=True)['state_dict']
+    assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+
+    resumed = train(data_root, work_dir, '--resume', checkpoint_interval=1)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert 'resumed epoch: 1' in resumed.stdout + resumed.stderr
+    assert (work_dir / f'epoch_{EPOCHS}.pth').exists()
+
+
+def test_a_kill_during_a_save_keeps_the_previous_checkpoint_and_pointer(tmp_path):
+    data_root = make_image_folder(tmp_path / 'data', classes=2, per_class=8, size=(40, 48))
+    work_dir = tmp_path / 'work'
+    # max_keep_ckpts=1: mmengine's own hook deletes epoch_1.pth before writing epoch_2.pth.
+    killed = train(data_root, work_dir, fault='KillDuringSaveHook', at=2, checkpoint_interval=1,
+                   keep=1, epochs=3)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (work_dir / '.epoch_2.pth.partial').exists()       # the half-written bytes
+    assert not (work_dir / 'epoch_2.pth').exists()
+    assert (work_dir / 'last_checkpoint').read_text() == str(work_dir / 'epoch_1.pth')
+    torch.load(work_dir / 'epoch_1.pth', weights_only=True)     # intact
+
+    resumed = train(data_root, work_dir, '--resume', checkpoint_interval=1, keep=1, epochs=3)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert 'resumed epoch: 1' in resumed.stdout + resumed.stderr
+    assert sorted(p.name for p in work_dir.glob('*.pth')) == ['epoch_3.pth']
+    assert (work_dir / 'last_checkpoint').read_text() == str(work_dir / 'epoch_3.pth')
 
 
 class _NumpyDraws(torch.utils.data.Dataset):

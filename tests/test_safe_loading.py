@@ -1,12 +1,15 @@
 """Weights-only loading reads mmengine checkpoints and still refuses code in a pickle."""
+import importlib.util
 import os
+import pickle
 
 import pytest
 import torch
-from mmengine.runner import CheckpointLoader
+from mmengine.runner import CheckpointLoader, Runner
 
 import mst_mm  # noqa: F401  (registers the allow-list)
 from mst_mm.engine.safe_loading import _history_buffer_method
+from tests.helpers import REPO, make_image_folder, tiny_runner_cfg
 
 
 class RunsCode:
@@ -21,8 +24,43 @@ def test_pickle_that_runs_code_is_refused_and_nothing_runs(tmp_path):
     marker = tmp_path / 'executed'
     path = tmp_path / 'evil.pth'
     torch.save({'state_dict': {}, 'payload': RunsCode(marker)}, path)
-    with pytest.raises(Exception, match='Weights only load failed'):
+    with pytest.raises(pickle.UnpicklingError,
+                       match=f'Refusing to load {path}: .*posix.system'):
         CheckpointLoader.load_checkpoint(str(path), map_location='cpu')
+    assert not marker.exists()
+
+
+def _evil_checkpoint(tmp_path):
+    marker = tmp_path / 'executed'
+    path = tmp_path / 'evil.pth'
+    torch.save({'state_dict': {}, 'meta': {}, 'payload': RunsCode(marker)}, path)
+    return path, marker
+
+
+@pytest.mark.parametrize('resume', [False, True], ids=['load_from', 'resume'])
+def test_runner_refuses_an_unsafe_load_from_or_resume(tmp_path, resume):
+    path, marker = _evil_checkpoint(tmp_path)
+    data_root = make_image_folder(tmp_path / 'data', classes=1, per_class=4)
+    cfg = tiny_runner_cfg(data_root, tmp_path / 'work')
+    cfg.load_from, cfg.resume = str(path), resume
+    runner = Runner.from_cfg(cfg)
+    with pytest.raises(pickle.UnpicklingError, match=f'Refusing to load {path}'):
+        runner.load_or_resume()
+    assert not marker.exists()
+
+
+def test_knn_tool_refuses_an_unsafe_checkpoint(tmp_path):
+    path, marker = _evil_checkpoint(tmp_path)
+    data_root = make_image_folder(tmp_path / 'data', classes=2, per_class=2)
+    spec = importlib.util.spec_from_file_location(
+        'knn_eval', REPO / 'tools' / 'analysis' / 'knn_eval.py')
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    with pytest.raises(pickle.UnpicklingError, match=f'Refusing to load {path}'):
+        tool.main([str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py'), str(path),
+                   '--work-dir', str(tmp_path / 'work'), '--cfg-options',
+                   f'test_dataloader.dataset.data_root={data_root}',
+                   f'test_cfg.train_dataloader.dataset.data_root={data_root}'])
     assert not marker.exists()
 
 

@@ -6,7 +6,8 @@ default_scope = 'mmpretrain'
 
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),
-    checkpoint=dict(type='CheckpointHook', interval=10, max_keep_ckpts=3),
+    # A kill during a save never costs the previous checkpoint (mst_mm SafeCheckpointHook).
+    checkpoint=dict(type='SafeCheckpointHook', interval=10, max_keep_ckpts=3),
     # RNG states in every checkpoint: a resumed run repeats the uninterrupted one exactly
     # (with the dataloaders' worker_init_from_torch_seed and non-persistent workers).
     random_state=dict(type='RandomStateHook'),

@@ -65,15 +65,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--pipeline-images', type=int, default=16,
                         help='images per timed pipeline pass')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--decoder-channels', type=int, nargs='+', metavar='C',
+                        help='override the decoder widths of every model, e.g. 64 32 16 8')
     parser.add_argument('--skip-memory', action='store_true', help='skip (e)')
     parser.add_argument('--out', default='work_dirs/benchmark/benchmark.json')
     parser.add_argument('--memory-probe', help=argparse.SUPPRESS)  # internal: one child run
     return parser.parse_args(argv)
 
 
-def load_variants(config: str) -> Dict[str, Config]:
+def load_variants(config: str, decoder_channels: Optional[List[int]] = None
+                  ) -> Dict[str, Config]:
     """The config's model as MST, and the DINO baseline (no mask, no decoder) from it."""
     mst = Config.fromfile(osp.join(REPO, config))
+    if decoder_channels:
+        mst.model.decoder_head.channels = tuple(decoder_channels)
     dino = copy.deepcopy(mst)
     dino.merge_from_dict(dict(model=DINO_OVERRIDES))
     return dict(dino=dino, mst=mst)
@@ -226,10 +231,11 @@ def measure_pipeline(cfg: Config, images: int, repeats: int) -> dict:
                 source_image_size=size or 'bundled photos (300-640 px)')
 
 
-def peak_step_memory(config: str, variant: str, batch_size: int, device: str) -> float:
+def peak_step_memory(config: str, variant: str, batch_size: int, device: str,
+                     decoder_channels: Optional[List[int]] = None) -> float:
     """(e) in MiB, measured in a fresh process so that earlier runs leave no peak behind."""
     probe = json.dumps(dict(config=config, variant=variant, batch_size=batch_size,
-                            device=device))
+                            device=device, decoder_channels=decoder_channels))
     out = subprocess.run([sys.executable, osp.abspath(__file__), '--memory-probe', probe],
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])['peak_mib']
@@ -237,7 +243,7 @@ def peak_step_memory(config: str, variant: str, batch_size: int, device: str) ->
 
 def _memory_probe(spec: dict) -> None:
     import mst_mm  # noqa: F401
-    cfg = load_variants(spec['config'])[spec['variant']]
+    cfg = load_variants(spec['config'], spec['decoder_channels'])[spec['variant']]
     model, optim_wrapper = build_for_training(cfg, spec['device'])
     batch = synthetic_batch(cfg, spec['batch_size'])
     if spec['device'].startswith('cuda'):
@@ -309,7 +315,7 @@ def main(argv=None) -> dict:
             results['models'][name] = dict(skipped=f'{config} does not exist yet')
             continue
         print(f'[{name}] timing training steps ...', flush=True)
-        variants = load_variants(config)
+        variants = load_variants(config, args.decoder_channels)
         result = measure_steps(variants, batch_sizes[name], args.repeats, args.warmup,
                                args.device)
         print(f'[{name}] timing the data pipeline ...', flush=True)
@@ -318,7 +324,8 @@ def main(argv=None) -> dict:
         if not args.skip_memory:
             print(f'[{name}] peak memory ...', flush=True)
             result['peak_memory_mib'] = {
-                variant: peak_step_memory(config, variant, batch_sizes[name], args.device)
+                variant: peak_step_memory(config, variant, batch_sizes[name], args.device,
+                                          args.decoder_channels)
                 for variant in variants}
         results['models'][name] = result
 

@@ -1,9 +1,11 @@
 # ImageNet-1k train split (mmpretrain's ImageNet format) with MST's multi-crop.
 # Crop scales and counts follow DINO's main_dino.py defaults for ViT-S/16:
 # 2 global crops of 224 px, scale (0.4, 1.0); 8 local crops of 96 px, scale (0.05, 0.4).
-# The image is decoded once per sample (LoadImageFromFile before MultiCrop).
+# The image is decoded once per sample, before MultiCrop. Broken images are skipped with a
+# warning (LoadImageOrSkip), up to the dataset's max_corrupt_images; a missing data_root or
+# missing listed images stop the run at start-up (CheckedImageNet).
 train_pipeline = [
-    dict(type='LoadImageFromFile'),
+    dict(type='LoadImageOrSkip'),
     dict(type='MultiCrop', global_size=224, local_size=96, num_local_crops=8,
          global_scale=(0.4, 1.0), local_scale=(0.05, 0.4)),
     dict(type='PackInputs'),
@@ -20,7 +22,8 @@ train_dataloader = dict(
     sampler=dict(type='DefaultSampler', shuffle=True),
     collate_fn=dict(type='default_collate'),
     dataset=dict(
-        type='ImageNet',
+        type='CheckedImageNet',
+        max_corrupt_images=100,
         data_root='data/imagenet/',
         split='train',
         pipeline=train_pipeline))

@@ -25,4 +25,4 @@ model = dict(
         in_channels=384,
         loss=dict(type='CrossEntropyLoss', loss_weight=1.0),
         init_cfg=dict(type='TruncNormal', layer='Linear', std=0.01)))
-default_hooks = dict(checkpoint=dict(type='CheckpointHook', interval=10, max_keep_ckpts=3))
+default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook', interval=10, max_keep_ckpts=3))

@@ -5,6 +5,7 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
+from mmengine.logging import MessageHub
 from mmpretrain.models import BaseSelfSupervisor, CosineEMA
 from mmpretrain.registry import MODELS
 from mmpretrain.structures import DataSample
@@ -122,6 +123,24 @@ class MST(BaseSelfSupervisor):
         if self.decoder_head is not None:
             losses['loss_restore'] = self.decoder_head.loss(s_global.feat_map, global_crops)
         return losses
+
+    def parse_losses(self, losses: Dict[str, torch.Tensor]):
+        """mmengine's sum of the loss terms, refused when it is not finite.
+
+        The check runs before the optimiser step: a NaN that reached AdamW would poison the
+        weights, the moments and, through the EMA, the teacher, and the next checkpoint
+        would carry them. Stopping here keeps the last checkpoint good for ``--resume``.
+        """
+        total, log_vars = super().parse_losses(losses)
+        if not torch.isfinite(total):
+            terms = ', '.join(f'{name}={float(value):.4g}' for name, value in losses.items())
+            iteration = MessageHub.get_current_instance().get_info('iter')
+            where = f' at iteration {iteration + 1}' if iteration is not None else ''
+            raise FloatingPointError(
+                f'Non-finite MST loss{where} ({terms}); training stopped before the update, '
+                'so the last checkpoint is intact. Lower the learning rate or check the data, '
+                'then continue with --resume.')
+        return total, log_vars
 
     def _mask(self, teacher_feats: MSTFeatures) -> torch.Tensor:
         """The mask rule (Eq. 6) on the teacher's attention; other modes need only the grid."""
