@@ -34,7 +34,7 @@ model = dict(
     decoder_head=dict(
         type='ImageDecoderHead',
         in_channels=384,
-        channels=(128, 64, 32, 16),  # four 2x stages: 14 -> 224 px
+        channels=(64, 32, 16, 8),  # four 2x stages: 14 -> 224 px; widths set by cost
         loss_weight=0.6),          # lambda_2 (Eq. 12)
     mask_cfg=dict(num=8, p=0.1, mode='attention'),  # Eq. 6
     num_global_crops=2,

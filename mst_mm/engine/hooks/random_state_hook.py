@@ -39,6 +39,8 @@ class RandomStateHook(Hook):
         checkpoint['random_state'] = state
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        if not getattr(runner, '_resume', False):
+            return  # load_from (fine-tuning, evaluation) starts its own random stream
         self._pending = checkpoint.get('random_state')
         if self._pending is None:
             runner.logger.warning('The checkpoint has no random_state: the resumed run will '
