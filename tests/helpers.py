@@ -53,11 +53,25 @@ def tiny_runner_cfg(data_root, work_dir, max_epochs=2, batch_size=4,
     return cfg
 
 
-def scalars(work_dir) -> list:
-    """The json lines that mmengine's LocalVisBackend wrote for a run."""
+def scalars(work_dir, all_runs: bool = False) -> list:
+    """The json lines that mmengine's LocalVisBackend wrote for the latest run in
+    `work_dir`, or for every run in it (a resumed run writes a folder of its own)."""
     import glob
     import json
-    files = glob.glob(osp.join(str(work_dir), '*', 'vis_data', 'scalars.json'))
+    files = sorted(glob.glob(osp.join(str(work_dir), '*', 'vis_data', 'scalars.json')))
     assert files, f'no scalars.json under {work_dir}'
-    with open(sorted(files)[-1]) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    lines = []
+    for path in (files if all_runs else files[-1:]):
+        with open(path) as f:
+            lines += [json.loads(line) for line in f if line.strip()]
+    return lines
+
+
+def load_tool(relative_path: str):
+    """Import a script under tools/ (not a package) as a module, to call its main()."""
+    import importlib.util
+    path = REPO / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

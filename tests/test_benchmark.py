@@ -3,22 +3,17 @@
 Speeds are not asserted (this machine is noisy): only that every measurement is there
 and is a sane number.
 """
-import importlib.util
 import json
 import math
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import load_tool
 
 
 @pytest.fixture(scope='module')
 def tool():
-    spec = importlib.util.spec_from_file_location(
-        'benchmark', REPO / 'tools' / 'analysis' / 'benchmark.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool('tools/analysis/benchmark.py')
 
 
 def test_benchmark_tool_writes_every_measurement(tool, tmp_path, capsys):

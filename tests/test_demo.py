@@ -1,20 +1,17 @@
 """tools/demo.py end to end on a small image folder: table rows, seeds, pictures."""
-import importlib.util
 import json
 import os
 
 from mmengine.config import Config
 
-from tests.helpers import REPO, make_image_folder
+from tests.helpers import load_tool, make_image_folder
 
 
 def test_demo_runs_every_row_for_every_seed(tmp_path, capsys):
     data_root = tmp_path / 'own_images'
     make_image_folder(data_root / 'train', classes=2, per_class=4, size=(32, 32), seed=0)
     make_image_folder(data_root / 'val', classes=2, per_class=2, size=(32, 32), seed=1)
-    spec = importlib.util.spec_from_file_location('demo', REPO / 'tools' / 'demo.py')
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
+    demo = load_tool('tools/demo.py')
     work_dir = tmp_path / 'work'
     results = demo.main(['--seeds', '2', '--epochs', '1', '--batch-size', '4',
                          '--data-root', str(data_root), '--work-dir', str(work_dir)])

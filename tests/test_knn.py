@@ -101,19 +101,15 @@ def test_knn_test_loop_equals_direct_computation(tmp_path):
 
 
 def test_knn_eval_tool_prints_and_writes_json(tmp_path, capsys):
-    import importlib.util
     import json
 
-    from tests.helpers import REPO, make_image_folder
+    from tests.helpers import REPO, load_tool, make_image_folder
     mst, _ = _tiny_mst_and_embedder()
     ckpt = tmp_path / 'mst.pth'
     torch.save({'state_dict': mst.state_dict()}, ckpt)
     make_image_folder(tmp_path / 'd' / 'train', classes=2, per_class=4)
     make_image_folder(tmp_path / 'd' / 'val', classes=2, per_class=2, seed=3)
-    spec = importlib.util.spec_from_file_location(
-        'knn_eval', REPO / 'tools' / 'analysis' / 'knn_eval.py')
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool('tools/analysis/knn_eval.py')
     out = tmp_path / 'knn.json'
     result = tool.main([str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py'), str(ckpt),
                         '--ks', '1', '3', '--out', str(out), '--work-dir', str(tmp_path / 'w'),

@@ -11,7 +11,7 @@ import torch
 from mmengine.dataset import worker_init_fn as default_worker_init_fn
 
 from mst_mm.datasets import worker_init_from_torch_seed
-from tests.helpers import DEMO_CONFIG, REPO, make_image_folder
+from tests.helpers import DEMO_CONFIG, REPO, make_image_folder, scalars
 
 # 4 epochs of 4 iterations, a checkpoint every 2 epochs; the killed run dies in epoch 3.
 EPOCHS, ITERS_PER_EPOCH, KILL_AT = 4, 4, 11
@@ -41,14 +41,8 @@ def train(data_root, work_dir, *extra, fault=None, at=None, checkpoint_interval=
 
 
 def logged_iterations(work_dir) -> dict:
-    import glob
-    import json
-    lines = []
-    for path in sorted(glob.glob(str(work_dir / '*' / 'vis_data' / 'scalars.json'))):
-        with open(path) as f:
-            lines += [json.loads(line) for line in f if line.strip()]
     return {line['iter']: {k: line[k] for k in LOGGED if k in line}
-            for line in lines if 'loss' in line}
+            for line in scalars(work_dir, all_runs=True) if 'loss' in line}
 
 
 def test_killed_and_resumed_run_repeats_the_uninterrupted_run_bit_for_bit(tmp_path):

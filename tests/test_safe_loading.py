@@ -1,5 +1,4 @@
 """Weights-only loading reads mmengine checkpoints and still refuses code in a pickle."""
-import importlib.util
 import os
 import pickle
 
@@ -9,7 +8,7 @@ from mmengine.runner import CheckpointLoader, Runner
 
 import mst_mm  # noqa: F401  (registers the allow-list)
 from mst_mm.engine.safe_loading import _history_buffer_method
-from tests.helpers import REPO, make_image_folder, tiny_runner_cfg
+from tests.helpers import REPO, load_tool, make_image_folder, tiny_runner_cfg
 
 
 class RunsCode:
@@ -52,10 +51,7 @@ def test_runner_refuses_an_unsafe_load_from_or_resume(tmp_path, resume):
 def test_knn_tool_refuses_an_unsafe_checkpoint(tmp_path):
     path, marker = _evil_checkpoint(tmp_path)
     data_root = make_image_folder(tmp_path / 'data', classes=2, per_class=2)
-    spec = importlib.util.spec_from_file_location(
-        'knn_eval', REPO / 'tools' / 'analysis' / 'knn_eval.py')
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool('tools/analysis/knn_eval.py')
     with pytest.raises(pickle.UnpicklingError, match=f'Refusing to load {path}'):
         tool.main([str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py'), str(path),
                    '--work-dir', str(tmp_path / 'work'), '--cfg-options',

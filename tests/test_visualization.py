@@ -1,6 +1,5 @@
 """visualize_mst.py writes the picture rows; the hook logs them during training."""
 import glob
-import importlib.util
 
 import mmcv
 import numpy as np
@@ -11,7 +10,7 @@ from mmpretrain.registry import MODELS
 
 import mst_mm  # noqa: F401
 from mst_mm.visualization import mst_picture_row
-from tests.helpers import DEMO_CONFIG, REPO, make_image_folder, tiny_runner_cfg
+from tests.helpers import DEMO_CONFIG, load_tool, make_image_folder, tiny_runner_cfg
 
 
 def _demo_model():
@@ -39,10 +38,7 @@ def test_visualize_tool_writes_one_png_per_image(tmp_path):
     torch.save({'state_dict': model.state_dict()}, ckpt)
     images = sorted(glob.glob(make_image_folder(tmp_path / 'img', classes=1, per_class=2)
                               + '/*/*.png'))
-    spec = importlib.util.spec_from_file_location(
-        'visualize_mst', REPO / 'tools' / 'analysis' / 'visualize_mst.py')
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool('tools/analysis/visualize_mst.py')
     written = tool.main([DEMO_CONFIG, str(ckpt), *images, '--out', str(tmp_path / 'out'),
                          '--grid'])
     assert len(written) == 3

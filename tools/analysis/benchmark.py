@@ -215,7 +215,7 @@ def measure_pipeline(cfg: Config, images: int, repeats: int) -> dict:
 
         def pipeline(fast: bool):
             compose = Compose([dict(type='LoadImageFromFile'),
-                               dict(crop_settings(cfg), type='MultiCrop', fast_transforms=fast),
+                               dict(crops, type='MultiCrop', fast_transforms=fast),
                                dict(type='PackInputs')])
 
             def run():
