@@ -49,9 +49,9 @@ class ContiguousRandomResizedCrop(RandomResizedCrop):
     """mmpretrain's ``RandomResizedCrop``, bit for bit, without its slow copy.
 
     The parent hands the crop, a strided view of the image, to ``mmcv.imresize``. With the
-    pillow backend, ``PIL.Image.fromarray`` then copies it through ``ndarray.tobytes``,
-    which for a strided 400 x 400 crop costs about 5 ms on this project's CPU, against
-    0.03 ms for ``np.ascontiguousarray``; multi-crop pays it for ten views per image.
+    pillow backend, ``PIL.Image.fromarray`` then copies it through ``ndarray.tobytes``, which
+    is far slower on a strided view than ``np.ascontiguousarray``; multi-crop pays it for ten
+    views per image (``tools/analysis/benchmark.py`` measures the pipeline).
     """
 
     def transform(self, results: dict) -> dict:
