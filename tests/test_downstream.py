@@ -115,7 +115,8 @@ def test_deit_into_mmseg_backbone_keys_and_outputs_match(deit_mst, tmp_path):
                                model.backbone.patch_embed.projection.bias)
     images = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
-        torch.testing.assert_close(backbone(images)[-1], model.backbone.forward_mst(images).feat_map,
+        torch.testing.assert_close(backbone(images)[-1],
+                                   model.backbone.forward_mst(images).feat_map,
                                    rtol=1e-4, atol=1e-4)
 
 
