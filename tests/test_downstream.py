@@ -12,7 +12,6 @@ import pytest
 import torch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
-from mmengine.runner import Runner
 from mmpretrain.registry import MODELS as PRETRAIN_MODELS
 
 import mst_mm  # noqa: F401
@@ -158,8 +157,7 @@ def test_converter_refuses_a_pickle_that_would_run_code(tmp_path, monkeypatch):
     assert not (tmp_path / 'ran').exists()
 
 
-def shrink_runner_cfg(cfg: Config, work_dir) -> Config:
-    cfg.work_dir = str(work_dir)
+def shrink_runner_cfg(cfg: Config) -> Config:
     cfg.log_level = 'WARNING'
     cfg.default_hooks.logger.interval = 1
     for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
@@ -168,10 +166,17 @@ def shrink_runner_cfg(cfg: Config, work_dir) -> Config:
     return cfg
 
 
+def train_with_our_tool(cfg: Config, tmp_path) -> None:
+    """`python tools/train.py CONFIG --work-dir DIR`, in this process."""
+    config = tmp_path / 'downstream_config.py'
+    cfg.dump(str(config))
+    load_tool('tools/train.py').main([str(config), '--work-dir', str(tmp_path / 'work')])
+
+
 def test_mask_rcnn_trains_and_evaluates_from_the_converted_checkpoint(swin_mst, tmp_path):
     data_root = make_tiny_coco(tmp_path / 'coco') + '/'
     converter.main([swin_mst[1], str(tmp_path / 'swin.pth'), '--target', 'mmdet'])
-    cfg = shrink_runner_cfg(Config.fromfile(str(DET_CONFIG)), tmp_path / 'work')
+    cfg = shrink_runner_cfg(Config.fromfile(str(DET_CONFIG)))
     cfg.model.backbone.init_cfg.checkpoint = str(tmp_path / 'swin.pth')
     # An untrained head scores every class near 1/81, below the stock 0.05 threshold, and
     # an empty result has no AP at all.
@@ -185,7 +190,7 @@ def test_mask_rcnn_trains_and_evaluates_from_the_converted_checkpoint(swin_mst, 
     cfg.test_evaluator = cfg.val_evaluator
     cfg.train_cfg.max_epochs = 1
 
-    Runner.from_cfg(cfg).train()
+    train_with_our_tool(cfg, tmp_path)
     logged = scalars(tmp_path / 'work')
     assert [line['step'] for line in logged if 'loss' in line] == [1, 2]
     assert all(torch.isfinite(torch.tensor(line['loss'])) for line in logged if 'loss' in line)
@@ -196,7 +201,7 @@ def test_mask_rcnn_trains_and_evaluates_from_the_converted_checkpoint(swin_mst, 
 
 def test_setr_trains_and_evaluates_from_the_converted_checkpoint(deit_mst, tmp_path):
     data_root = make_tiny_cityscapes(tmp_path / 'cityscapes') + '/'
-    cfg = shrink_runner_cfg(Config.fromfile(str(SEG_CONFIG)), tmp_path / 'work')
+    cfg = shrink_runner_cfg(Config.fromfile(str(SEG_CONFIG)))
     size = (128, 128)
     cfg.model.backbone.img_size = size
     cfg.model.data_preprocessor.size = size
@@ -217,7 +222,7 @@ def test_setr_trains_and_evaluates_from_the_converted_checkpoint(deit_mst, tmp_p
     cfg.train_dataloader.batch_size = 2
     cfg.train_cfg.max_iters = cfg.train_cfg.val_interval = 2
 
-    Runner.from_cfg(cfg).train()
+    train_with_our_tool(cfg, tmp_path)
     logged = scalars(tmp_path / 'work')
     assert [line['step'] for line in logged if 'loss' in line] == [1, 2]
     metrics = next(line for line in logged if 'mIoU' in line)

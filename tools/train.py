@@ -119,9 +119,12 @@ def merge_args(cfg: Config, args: argparse.Namespace) -> Config:
         dataloader_cfg.setdefault('persistent_workers', True)
         dataloader_cfg.setdefault('collate_fn', dict(type='default_collate'))
 
-    set_default_dataloader_cfg(cfg, 'train_dataloader')
-    set_default_dataloader_cfg(cfg, 'val_dataloader')
-    set_default_dataloader_cfg(cfg, 'test_dataloader')
+    # mmpretrain's defaults, for mmpretrain's configs only: mmdet and mmseg batch images of
+    # different sizes, which default_collate cannot stack (their train.py sets nothing).
+    if cfg.get('default_scope', 'mmpretrain') == 'mmpretrain':
+        set_default_dataloader_cfg(cfg, 'train_dataloader')
+        set_default_dataloader_cfg(cfg, 'val_dataloader')
+        set_default_dataloader_cfg(cfg, 'test_dataloader')
 
     def reset_dataloader_flag(cfg, field, flag):
         if isinstance(cfg, dict) and field in cfg:
