@@ -24,6 +24,13 @@ SEG_CONFIG = (REPO / 'configs/benchmarks/mmsegmentation/'
 converter = load_tool('tools/model_converters/mst2downstream.py')
 
 
+@pytest.fixture(autouse=True)
+def restore_default_scope():
+    """A Runner makes mmdet's or mmseg's scope the current one; later tests expect ours."""
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        yield
+
+
 def save_mst_checkpoint(config: str, path) -> torch.nn.Module:
     """Build an MST model from `config`, give its teacher weights of its own, save it as
     mmengine's CheckpointHook does (meta + state_dict) and return it."""
