@@ -24,7 +24,8 @@ def make_tiny_coco(root, train_images: int = 4, val_images: int = 2,
 
     Every image has two rectangles with boxes and polygons, of COCO categories 1 and 2
     (person, bicycle); the category list is COCO's 80 classes, as mmdet's CocoDataset
-    looks them up by name.
+    looks them up by name. Heights grow by 8 px per image, so that a batch holds images of
+    different sizes, as COCO's do.
     """
     from mmdet.datasets import CocoDataset
     rng = np.random.RandomState(seed)
@@ -37,10 +38,11 @@ def make_tiny_coco(root, train_images: int = 4, val_images: int = 2,
         images, annotations = [], []
         for index in range(count):
             image_id = len(images) + 1
-            img, boxes = _shapes_image(rng, *size)
+            height, width = size[0] + 8 * index, size[1]
+            img, boxes = _shapes_image(rng, height, width)
             name = f'{index:012d}.jpg'
             Image.fromarray(img).save(root / split / name, quality=95)
-            images.append(dict(id=image_id, file_name=name, height=size[0], width=size[1]))
+            images.append(dict(id=image_id, file_name=name, height=height, width=width))
             for k, (x, y, w, h) in enumerate(boxes):
                 annotation_id += 1
                 polygon = [x, y, x + w, y, x + w, y + h, x, y + h]
