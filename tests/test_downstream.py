@@ -32,8 +32,9 @@ def restore_default_scope():
 
 
 def save_mst_checkpoint(config: str, path) -> torch.nn.Module:
-    """Build an MST model from `config`, give its teacher weights of its own, save it as
-    mmengine's CheckpointHook does (meta + state_dict) and return it."""
+    """Build an MST model from `config`, give its teacher weights of its own, save the two
+    entries of an mmengine checkpoint that the converter reads (meta, state_dict), and
+    return the model. (That a full Runner checkpoint loads weights-only is test_resume's.)"""
     cfg = Config.fromfile(str(REPO / config))
     cfg.model.neck.out_channels = cfg.model.head.out_channels = 256
     torch.manual_seed(0)

@@ -3,7 +3,7 @@
 # DeiT-S's (384 channels, 12 layers, 6 heads) and the 40k schedule.
 #
 #   python tools/model_converters/mst2downstream.py \
-#       work_dirs/mst_deit-s_300e/epoch_300.pth pretrain/mst_deit-s_mmseg.pth --target mmseg
+#       work_dirs/mst_deit-s_100e/epoch_100.pth pretrain/mst_deit-s_mmseg.pth --target mmseg
 #   tools/dist_train.sh \
 #       configs/benchmarks/mmsegmentation/setr_mst-deit-s_naive_8xb1-40k_cityscapes-768x768.py 8
 _base_ = 'mmseg::setr/setr_vit-l_naive_8xb1-80k_cityscapes-768x768.py'
@@ -19,8 +19,8 @@ model = dict(
         embed_dims=embed_dims,
         num_layers=12,
         num_heads=6,
-        # SETR-L taps layers 10, 15, 20 and 24 of 24; for 12 layers we take mmseg's DeiT-S
-        # choice, every third layer. The decode head reads the last.
+        # SETR-L taps layers 10, 15, 20 and 24 of 24; for 12 layers we take what mmseg's
+        # ViT-B / DeiT-S UperNet configs tap, every third layer. The decode head reads the last.
         out_indices=(2, 5, 8, 11),
         # DeiT's patch embedding has a bias and its last layer a final LayerNorm; mmseg's
         # defaults (False, False) would drop both without a word (strict=False loading).
