@@ -37,6 +37,13 @@ def test_ablations_change_only_what_they_say():
     assert no_bn.model.neck.with_bn is False
     assert random.optim_wrapper == base.optim_wrapper
     assert base.train_cfg.max_epochs == 100 and base.param_scheduler[1].end == 100
+    swin = Config.fromfile(str(REPO / 'configs/mst_swin-t_100e.py'))
+    similarity = Config.fromfile(str(ablations / 'mst_swin-t_100e_guidance-similarity.py'))
+    assert swin.model.backbone.guidance == 'pooled_query'
+    assert similarity.model.backbone == {**swin.model.backbone, 'guidance': 'pooled_similarity'}
+    swin_random = Config.fromfile(str(ablations / 'mst_swin-t_100e_mask-random.py'))
+    assert swin_random.model.mask_cfg.mode == 'random'
+    assert swin_random.model.backbone == swin.model.backbone
 
 
 @pytest.mark.parametrize('config, backbone_params', [('configs/mst_deit-s_300e.py', 21.7e6),
