@@ -1,13 +1,7 @@
 # MST, DeiT-S/16, 100 epochs (the paper's ablation schedule, Tables 4-6).
-_base_ = ['mst_deit-s_300e.py']
-
-max_epochs = 100
-param_scheduler = [
-    dict(type='LinearLR', start_factor=1e-4, by_epoch=True, begin=0, end=10,
-         convert_to_iter_based=True),
-    dict(type='CosineAnnealingLR', eta_min=1e-6, by_epoch=True, begin=10, end=max_epochs,
-         convert_to_iter_based=True),
-    dict(type='CosineAnnealingParamScheduler', param_name='weight_decay', eta_min_ratio=10.0,
-         by_epoch=True, begin=0, end=max_epochs, convert_to_iter_based=True),
+_base_ = [
+    '_base_/models/mst_deit-s.py',
+    '_base_/datasets/imagenet_mst_multicrop.py',
+    '_base_/schedules/mst_adamw_100e.py',
+    '_base_/default_runtime.py',
 ]
-train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs)

@@ -1,7 +1,8 @@
 # DINO's optimisation for ViT-S (paper Sec. 4.1): AdamW, lr 5e-4 x batch / 256 with 10 linear
 # warm-up epochs then cosine; weight decay cosine 0.04 -> 0.4, none on biases, norms and the
 # [MASK] token; gradient clipping 3.0; last layer frozen in epoch 1; teacher temperature
-# 0.04 -> 0.07 over 30 epochs. `max_epochs` is the only knob a shorter schedule needs.
+# 0.04 -> 0.07 over 30 epochs. A shorter schedule re-states the three entries that use
+# `max_epochs` (see mst_adamw_100e.py): a child config cannot re-evaluate them.
 max_epochs = 300
 warmup_epochs = 10
 base_lr = 2e-3  # 5e-4 * 1024 / 256
