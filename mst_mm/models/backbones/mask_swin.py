@@ -4,11 +4,11 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmengine.model.weight_init import trunc_normal_
 from mmpretrain.models import SwinTransformer
 from mmpretrain.models.utils import resize_pos_embed
 from mmpretrain.registry import MODELS
 
+from .mask_token import MaskTokenMixin
 from .mask_vit import MSTFeatures
 
 SWIN_GUIDANCE_RULES = ('pooled_query', 'pooled_similarity')
@@ -94,7 +94,7 @@ def upsample_mask(mask: torch.Tensor, grid: Tuple[int, int], factor: int,
 
 
 @MODELS.register_module()
-class MaskSwin(SwinTransformer):
+class MaskSwin(MaskTokenMixin, SwinTransformer):
     r"""mmpretrain's ``SwinTransformer`` with MST's [MASK] embedding and attention guidance.
 
     Swin has no CLS token, so both the mask grid and the guidance live on the **last
@@ -139,8 +139,7 @@ class MaskSwin(SwinTransformer):
                              f'and out_after_downsample=False: MST reads the final normed '
                              f'map; got out_indices={self.out_indices}.')
         self.guidance = guidance
-        self.mask_token = (nn.Parameter(torch.zeros(1, 1, self.embed_dims))
-                           if use_mask_token else None)
+        self._create_mask_token(use_mask_token)
 
     @property
     def feat_stride(self) -> int:
@@ -151,11 +150,6 @@ class MaskSwin(SwinTransformer):
     def cell_size(self) -> int:
         """Patches per last-stage token along each side (2 per patch merging)."""
         return 2**(self.num_layers - 1)
-
-    def init_weights(self) -> None:
-        super().init_weights()
-        if self.mask_token is not None:
-            trunc_normal_(self.mask_token, std=.02)
 
     def forward_mst(self,
                     x: torch.Tensor,
@@ -203,13 +197,9 @@ class MaskSwin(SwinTransformer):
 
     def _apply_mask(self, x: torch.Tensor, hw_shape: Tuple[int, int],
                     mask: torch.Tensor) -> torch.Tensor:
-        if self.mask_token is None:
-            raise ValueError('This MaskSwin was built with `use_mask_token=False` '
-                             'and cannot take a mask.')
         cells = self.cell_size
         grid = (-(-hw_shape[0] // cells), -(-hw_shape[1] // cells))
         if mask.shape != (x.shape[0], grid[0] * grid[1]):
             raise ValueError(f'Mask shape {tuple(mask.shape)} does not match the last-stage '
                              f'grid {grid} of this {tuple(hw_shape)}-patch input.')
-        patch_mask = upsample_mask(mask, grid, cells, hw_shape)
-        return torch.where(patch_mask.unsqueeze(-1), self.mask_token.to(x.dtype), x)
+        return self._replace_with_mask_token(x, upsample_mask(mask, grid, cells, hw_shape))

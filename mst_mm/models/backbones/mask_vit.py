@@ -3,10 +3,11 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn as nn
-from mmengine.model.weight_init import trunc_normal_
 from mmpretrain.models import VisionTransformer
 from mmpretrain.models.utils import resize_pos_embed
 from mmpretrain.registry import MODELS
+
+from .mask_token import MaskTokenMixin
 
 
 class MSTFeatures(NamedTuple):
@@ -62,7 +63,7 @@ def encoder_layer_with_cls_attention(layer: nn.Module,
 
 
 @MODELS.register_module()
-class MaskViT(VisionTransformer):
+class MaskViT(MaskTokenMixin, VisionTransformer):
     r"""mmpretrain's ``VisionTransformer`` with MST's [MASK] embedding and CLS attention.
 
     The mask replaces patch embeddings after the linear projection and before the position
@@ -92,18 +93,12 @@ class MaskViT(VisionTransformer):
         if not self.with_cls_token:
             raise ValueError('MaskViT needs `with_cls_token=True`: MST guides the mask with the '
                              'CLS attention and feeds the CLS token to the projection neck.')
-        self.mask_token = (nn.Parameter(torch.zeros(1, 1, self.embed_dims))
-                           if use_mask_token else None)
+        self._create_mask_token(use_mask_token)
 
     @property
     def feat_stride(self) -> int:
         """Pixels per patch: the decoder must upsample the patch map by this factor."""
         return self.patch_embed.projection.stride[0]
-
-    def init_weights(self) -> None:
-        super().init_weights()
-        if self.mask_token is not None:
-            trunc_normal_(self.mask_token, std=.02)
 
     def _embed(self, x: torch.Tensor,
                mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Tuple[int, int]]:
@@ -111,13 +106,7 @@ class MaskViT(VisionTransformer):
         batch = x.shape[0]
         x, patch_resolution = self.patch_embed(x)
         if mask is not None:
-            if self.mask_token is None:
-                raise ValueError('This MaskViT was built with `use_mask_token=False` '
-                                 'and cannot take a mask.')
-            if mask.shape != x.shape[:2]:
-                raise ValueError(f'Mask shape {tuple(mask.shape)} does not match the patch '
-                                 f'grid {tuple(x.shape[:2])}.')
-            x = torch.where(mask.unsqueeze(-1), self.mask_token.to(x.dtype), x)
+            x = self._replace_with_mask_token(x, mask)
 
         x = torch.cat((self.cls_token.expand(batch, -1, -1), x), dim=1)
         x = x + resize_pos_embed(

@@ -1,0 +1,37 @@
+"""The learnable [MASK] embedding that MaskViT and MaskSwin share (paper Eq. 7)."""
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from mmengine.model.weight_init import trunc_normal_
+
+
+class MaskTokenMixin:
+    r"""Creates, initialises and inserts the [MASK] embedding of a backbone.
+
+    .. math::
+        (\mathbf m \odot \mathbf e)_i = [\mathrm{MASK}] \text{ if } m_i = 1 \text{ else } e_i
+
+    Mixed in before the mmpretrain backbone, whose ``embed_dims`` sets the token width.
+    """
+    mask_token: Optional[nn.Parameter]
+
+    def _create_mask_token(self, use_mask_token: bool) -> None:
+        self.mask_token = (nn.Parameter(torch.zeros(1, 1, self.embed_dims))
+                           if use_mask_token else None)
+
+    def init_weights(self) -> None:
+        super().init_weights()
+        if self.mask_token is not None:
+            trunc_normal_(self.mask_token, std=.02)
+
+    def _replace_with_mask_token(self, tokens: torch.Tensor,
+                                 mask: torch.Tensor) -> torch.Tensor:
+        """Tokens (B, N, C) where ``mask`` (B, N) is True become the [MASK] embedding."""
+        if self.mask_token is None:
+            raise ValueError(f'This {type(self).__name__} was built with '
+                             '`use_mask_token=False` and cannot take a mask.')
+        if mask.shape != tokens.shape[:2]:
+            raise ValueError(f'Mask shape {tuple(mask.shape)} does not match the patch '
+                             f'grid {tuple(tokens.shape[:2])}.')
+        return torch.where(mask.unsqueeze(-1), self.mask_token.to(tokens.dtype), tokens)
