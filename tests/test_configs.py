@@ -33,6 +33,10 @@ def test_ablations_change_only_what_they_say():
     assert random.model.mask_cfg == dict(num=8, p=0.1, mode='random')
     dino = Config.fromfile(str(ablations / 'dino_deit-s_100e.py'))
     assert dino.model.decoder_head is None and dino.model.mask_cfg.mode == 'none'
+    assert dino.model.neck.with_bn is False   # DINO's head: no BN
+    dino_bn = Config.fromfile(str(ablations / 'dino_deit-s_100e_neck-bn.py'))
+    assert dino_bn.model.neck == {**dino.model.neck, 'with_bn': True, 'bn_statistics': 'all_crops'}
+    assert base.model.neck.bn_statistics == 'global_crops' and base.model.neck.with_bn
     no_bn = Config.fromfile(str(ablations / 'mst_deit-s_100e_neck-no-bn.py'))
     assert no_bn.model.neck.with_bn is False
     assert random.optim_wrapper == base.optim_wrapper

@@ -1,4 +1,5 @@
 """DINONeck: MLP, L2 norm, weight-normalised last layer; BN statistics from globals only."""
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -43,13 +44,46 @@ def test_local_crops_leave_bn_statistics_unchanged():
     assert not torch.allclose(bns[0].running_mean, before[0][0])
 
 
-def test_frozen_last_layer_gets_no_gradient():
-    neck = tiny_neck().train()
-    v = neck.last_layer.parametrizations.weight.original1
-    neck.freeze_last_layer = True
-    neck(torch.randn(4, 16)).sum().backward()
-    assert v.grad is None
-    assert neck.mlp[0].weight.grad is not None
-    neck.freeze_last_layer = False
-    neck(torch.randn(4, 16)).sum().backward()
-    assert v.grad is not None
+def bn_stats(neck):
+    return [(m.running_mean.clone(), m.running_var.clone())
+            for m in neck.mlp if isinstance(m, torch.nn.BatchNorm1d)]
+
+
+def test_forward_crops_mst_rule_updates_statistics_from_global_crops_only():
+    global_feat, local_feats = torch.randn(6, 16), [torch.randn(4, 16) * 3, torch.randn(4, 16)]
+    mst, reference = tiny_neck().train(), tiny_neck().train()
+    out = mst.forward_crops(global_feat, local_feats)
+    expected_global = reference(global_feat)
+    stats_after_globals = bn_stats(reference)
+    expected_local = reference(torch.cat(local_feats), update_bn_stats=False)
+    torch.testing.assert_close(out, torch.cat([expected_global, expected_local]))
+    for (mean, var), (ref_mean, ref_var) in zip(bn_stats(mst), stats_after_globals):
+        torch.testing.assert_close(mean, ref_mean)
+        torch.testing.assert_close(var, ref_var)
+
+
+def test_forward_crops_all_crops_is_one_bn_pass_over_every_crop():
+    """DINO's head with use_bn=True: one batch of all crops, normalised together."""
+    global_feat, local_feats = torch.randn(6, 16), [torch.randn(4, 16) * 3 + 1]
+    dino, reference = tiny_neck(bn_statistics='all_crops').train(), tiny_neck().train()
+    everything = torch.cat([global_feat, *local_feats])
+    out = dino.forward_crops(global_feat, local_feats)
+    torch.testing.assert_close(out, reference(everything))
+    first_bn = next(m for m in dino.mlp if isinstance(m, torch.nn.BatchNorm1d))
+    hidden = dino.mlp[0](everything)
+    torch.testing.assert_close(first_bn.running_mean, 0.1 * hidden.detach().mean(0))
+    # ... which the MST rule does not: its globals are normalised on their own.
+    assert not torch.allclose(tiny_neck().train().forward_crops(global_feat, local_feats), out)
+
+
+def test_bad_bn_statistics_is_refused():
+    with pytest.raises(ValueError, match="bn_statistics must be one of"):
+        tiny_neck(bn_statistics='local')
+
+
+def test_norm_last_layer_false_trains_the_magnitude():
+    neck = tiny_neck(norm_last_layer=False).train()
+    magnitude = neck.last_layer.parametrizations.weight.original0
+    assert magnitude.requires_grad and torch.equal(magnitude, torch.ones_like(magnitude))
+    neck(torch.randn(4, 16)).pow(2).sum().backward()
+    assert magnitude.grad is not None and magnitude.grad.abs().sum() > 0

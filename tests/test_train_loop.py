@@ -28,7 +28,7 @@ class Recorder(Hook):
             iter=runner.iter, epoch=runner.epoch,
             wd=sorted({g['weight_decay'] for g in groups}),
             teacher_temp=model.head.teacher_temp,
-            freeze=model.neck.freeze_last_layer))
+            freeze=bool(runner.optim_wrapper.frozen_params)))
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
         self.iters[-1]['losses'] = {k: float(v) for k, v in outputs.items()}
@@ -41,7 +41,8 @@ class Recorder(Hook):
 
     @staticmethod
     def _last_layer(runner):
-        return runner.model.neck.last_layer.parametrizations.weight.original1.detach()
+        # direction v and magnitude g (trained: norm_last_layer=False, as DINO's ViT-S)
+        return torch.cat([p.detach().flatten() for p in runner.model.neck.last_layer.parameters()])
 
 
 @pytest.fixture(scope='module')

@@ -95,11 +95,12 @@ def merge_args(cfg: Config, args: argparse.Namespace) -> Config:
                                 osp.splitext(osp.basename(args.config))[0])
 
     if args.amp is True:
+        from mst_mm.engine.optimizers import AMP_OPTIM_WRAPPERS
         optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
-        assert optim_wrapper in ['OptimWrapper', 'AmpOptimWrapper'], \
-            '`--amp` is not supported custom optimizer wrapper type ' \
-            f'`{optim_wrapper}.'
-        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        if optim_wrapper not in AMP_OPTIM_WRAPPERS:
+            raise ValueError(f'--amp has no mixed-precision counterpart of optim_wrapper type '
+                             f'{optim_wrapper!r}; use one of {sorted(AMP_OPTIM_WRAPPERS)}.')
+        cfg.optim_wrapper.type = AMP_OPTIM_WRAPPERS[optim_wrapper]
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
 
     if args.resume == 'auto':

@@ -8,15 +8,18 @@ default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),
     # A kill during a save never costs the previous checkpoint (mst_mm SafeCheckpointHook).
     checkpoint=dict(type='SafeCheckpointHook', interval=10, max_keep_ckpts=3),
-    # RNG states in every checkpoint: a resumed run repeats the uninterrupted one exactly
-    # (with the dataloaders' worker_init_from_torch_seed and non-persistent workers).
+    # A random stream per rank (crops, masks, drop-path), and every rank's RNG states in each
+    # checkpoint: a resumed run repeats the uninterrupted one exactly on every rank (with the
+    # dataloaders' worker_init_from_torch_seed and non-persistent workers). Keep mmengine's
+    # randomness.diff_rank_seed=False: the hook docstring says why.
     random_state=dict(type='RandomStateHook'),
 )
 log_processor = dict(window_size=50)
 
-# DDP: BN layers of neck and decoder become SyncBN (paper appendix "BatchNorm"), and the
-# projection's last layer gets no gradient during its frozen first epoch, hence
-# find_unused_parameters. DeviceAgnosticDDP is mmengine's wrapper, also usable on CPU (gloo).
+# DDP: BN layers of neck and decoder become SyncBN (paper appendix "BatchNorm"). Every
+# parameter takes part in every backward (the frozen last layer too: its gradient is
+# cancelled in the optimiser wrapper, as DINO does), so DDP needs no search for unused
+# parameters. DeviceAgnosticDDP is mmengine's wrapper, also usable on CPU (gloo).
 sync_bn = 'torch'
 model_wrapper_cfg = dict(type='DeviceAgnosticDDP', broadcast_buffers=False,
-                         find_unused_parameters=True)
+                         find_unused_parameters=False)

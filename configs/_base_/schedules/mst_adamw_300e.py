@@ -8,10 +8,13 @@ warmup_epochs = 10
 base_lr = 2e-3  # 5e-4 * 1024 / 256
 
 optim_wrapper = dict(
-    type='OptimWrapper',
+    # DINO's gradient rules: per-parameter clipping, and the frozen last layer's gradient
+    # cancelled before the update (FreezeLastLayerHook). `--amp` picks its AMP twin.
+    type='DINOOptimWrapper',
     optimizer=dict(type='AdamW', lr=base_lr, betas=(0.9, 0.999), weight_decay=0.04),
-    # DINO clips each parameter's gradient norm to 3.0; mmengine clips the global norm.
-    clip_grad=dict(max_norm=3.0),
+    # Each parameter's own gradient norm clipped to 3.0, as DINO's `clip_gradients`;
+    # mmengine's global-norm clipping stays available as dict(type='norm', max_norm=3.0).
+    clip_grad=dict(type='per_param', max_norm=3.0),
     paramwise_cfg=dict(
         norm_decay_mult=0.0,
         bias_decay_mult=0.0,

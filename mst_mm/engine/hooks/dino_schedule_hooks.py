@@ -48,8 +48,12 @@ class TeacherTempWarmupHook(Hook):
 class FreezeLastLayerHook(Hook):
     """Keep the projection's last layer fixed for the first epochs (DINO's stabiliser).
 
-    Sets ``model.neck.freeze_last_layer``; the neck then lets no gradient reach that layer,
-    so the optimiser leaves it untouched (no update, no weight decay).
+    Before every iteration of the first ``freeze_epochs`` epochs the last layer's parameters
+    are handed to the optimiser wrapper's ``freeze``: the gradient flows through the layer
+    during backward (so DDP needs no ``find_unused_parameters``) and is then set to None
+    before the update, so AdamW leaves the layer untouched (no step, no weight decay). This
+    is DINO's ``cancel_gradients_last_layer``. Needs a ``DINOOptimWrapper`` (or its AMP
+    twin), which is what the MST schedules use.
 
     Args:
         freeze_epochs (int): Defaults to 1.
@@ -57,7 +61,18 @@ class FreezeLastLayerHook(Hook):
     priority = 'NORMAL'
 
     def __init__(self, freeze_epochs: int = 1) -> None:
+        if freeze_epochs < 0:
+            raise ValueError(f'freeze_epochs must be >= 0, got {freeze_epochs}.')
         self.freeze_epochs = freeze_epochs
 
+    def before_train(self, runner) -> None:
+        if not hasattr(runner.optim_wrapper, 'freeze'):
+            raise TypeError(
+                'FreezeLastLayerHook cancels gradients in the optimiser wrapper, but '
+                f'optim_wrapper is a {type(runner.optim_wrapper).__name__}: set '
+                "optim_wrapper.type='DINOOptimWrapper' (or remove the hook).")
+
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
-        unwrap(runner.model).neck.freeze_last_layer = runner.epoch < self.freeze_epochs
+        frozen = runner.epoch < self.freeze_epochs
+        last_layer = unwrap(runner.model).neck.last_layer
+        runner.optim_wrapper.freeze(last_layer.parameters() if frozen else [])

@@ -114,12 +114,11 @@ class MST(BaseSelfSupervisor):
             mask = self._mask(t_feats)
 
         s_global = self.backbone.forward_mst(global_crops, mask=mask)
-        student_out = [self.neck(s_global.global_feat)]
-        for local_batch in self._same_size_batches(local_crops):
-            local_feat = self.backbone.forward_mst(local_batch).global_feat
-            student_out.append(self.neck(local_feat, update_bn_stats=False))
+        s_local = [self.backbone.forward_mst(same_size).global_feat
+                   for same_size in self._same_size_batches(local_crops)]
+        student_out = self.neck.forward_crops(s_global.global_feat, s_local)
 
-        losses = dict(loss_dino=self.head.loss(torch.cat(student_out), teacher_out))
+        losses = dict(loss_dino=self.head.loss(student_out, teacher_out))
         if self.decoder_head is not None:
             losses['loss_restore'] = self.decoder_head.loss(s_global.feat_map, global_crops)
         return losses

@@ -1,6 +1,6 @@
 """DINO's projection head, with MST's BatchNorm rule (paper Sec. 3.3, appendix "BatchNorm")."""
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterator, List
 
 import torch
 import torch.nn as nn
@@ -35,9 +35,14 @@ class DINONeck(BaseModule):
 
     ``x -> MLP -> bottleneck -> x / ||x||_2 -> WeightNorm(Linear) -> logits``.
 
-    With ``with_bn=True`` (the paper's best row, Table 5) the MLP is Linear-BN-GELU. MST
-    updates BN running statistics from the global views only: call with
-    ``update_bn_stats=False`` for the local crops.
+    With ``with_bn=True`` the MLP is Linear-BN-GELU (paper Table 5). ``bn_statistics`` picks
+    how BN sees the crops (call :meth:`forward_crops`):
+
+    - ``'global_crops'`` (MST, paper appendix "BatchNorm"): the running statistics are
+      updated from the global views only; the local crops are normalised with their own
+      batch statistics and leave the running statistics untouched.
+    - ``'all_crops'`` (DINO's head with ``use_bn=True``, Table 5 "Baseline w/ BN"): one BN
+      pass over all crops together, which normalises and updates with all of them.
 
     Args:
         in_channels (int): Backbone embedding size (384 for DeiT-S).
@@ -46,10 +51,16 @@ class DINONeck(BaseModule):
         out_channels (int): Number of prototypes K. Defaults to 65536.
         num_layers (int): Linear layers in the MLP. Defaults to 3.
         with_bn (bool): BatchNorm after the hidden linear layers. Defaults to True.
-        norm_last_layer (bool): Freeze the weight-norm magnitude at 1, as DINO does for
-            ViT-S. Defaults to True.
+        bn_statistics (str): ``'global_crops'`` or ``'all_crops'``, see above. Defaults to
+            ``'global_crops'``.
+        norm_last_layer (bool): Hold the weight-norm magnitude fixed at 1 (DINO's
+            ``norm_last_layer``). DINO's default is True, but its README and its help text
+            recommend False for ViT-S/DeiT-S ("typically False with vit_small and True with
+            vit_base"; the 300-epoch DeiT-S command passes ``--norm_last_layer false``), which
+            is what the DeiT-S configs set. Defaults to True.
         init_cfg (dict, optional): Initialization config.
     """
+    BN_STATISTICS = ('global_crops', 'all_crops')
 
     def __init__(self,
                  in_channels: int,
@@ -58,11 +69,16 @@ class DINONeck(BaseModule):
                  out_channels: int = 65536,
                  num_layers: int = 3,
                  with_bn: bool = True,
+                 bn_statistics: str = 'global_crops',
                  norm_last_layer: bool = True,
                  init_cfg=None) -> None:
         super().__init__(init_cfg=init_cfg)
         if num_layers < 1:
             raise ValueError(f'DINONeck needs num_layers >= 1, got {num_layers}.')
+        if bn_statistics not in self.BN_STATISTICS:
+            raise ValueError(f'DINONeck bn_statistics must be one of {self.BN_STATISTICS}, '
+                             f'got {bn_statistics!r}.')
+        self.bn_statistics = bn_statistics
         layers = []
         channels = in_channels
         for _ in range(num_layers - 1):
@@ -78,8 +94,6 @@ class DINONeck(BaseModule):
         magnitude = self.last_layer.parametrizations.weight.original0
         magnitude.data.fill_(1.0)
         magnitude.requires_grad = not norm_last_layer
-        # Set by FreezeLastLayerHook: DINO cancels the last layer's gradient in epoch 1.
-        self.freeze_last_layer = False
 
     def init_weights(self) -> None:
         super().init_weights()
@@ -96,10 +110,21 @@ class DINONeck(BaseModule):
             with frozen_bn_statistics(self.mlp):
                 x = self.mlp(x)
         x = F.normalize(x, dim=-1, p=2)
-        weight = self.last_layer.weight
-        if self.freeze_last_layer:
-            # No gradient reaches the last layer, so AdamW skips it entirely (grad is None),
-            # as DINO's `cancel_gradients_last_layer` does. Under DDP this needs
-            # `find_unused_parameters=True` (set in configs/_base_/default_runtime.py).
-            weight = weight.detach()
-        return F.linear(x, weight)
+        return self.last_layer(x)
+
+    def forward_crops(self, global_feat: torch.Tensor,
+                      local_feats: List[torch.Tensor]) -> torch.Tensor:
+        """Logits of every crop, global crops first, with BN following ``bn_statistics``.
+
+        Args:
+            global_feat (Tensor): (G * B, C) embeddings of the global crops.
+            local_feats (List[Tensor]): (n * B, C) embeddings of the local crops, any
+                number of tensors (one per crop size, say).
+
+        Returns:
+            Tensor: ((G + L) * B, K), in the order of the inputs.
+        """
+        if self.bn_statistics == 'all_crops' or not local_feats:
+            return self(torch.cat([global_feat, *local_feats]))
+        return torch.cat([self(global_feat),
+                          self(torch.cat(local_feats), update_bn_stats=False)])

@@ -1,0 +1,9 @@
+from .dino_optim_wrapper import (
+                                 AMP_OPTIM_WRAPPERS,
+                                 DINOAmpOptimWrapper,
+                                 DINOGradientRulesMixin,
+                                 DINOOptimWrapper,
+)
+
+__all__ = ['AMP_OPTIM_WRAPPERS', 'DINOAmpOptimWrapper', 'DINOGradientRulesMixin',
+           'DINOOptimWrapper']

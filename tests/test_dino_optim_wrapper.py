@@ -1,0 +1,117 @@
+"""DINOOptimWrapper: DINO's per-parameter clipping and the cancelled gradients of frozen
+parameters, checked against the rules written out by hand."""
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+from mmengine.config import Config
+from mmengine.logging import MessageHub
+from mmengine.optim import build_optim_wrapper
+
+import mst_mm  # noqa: F401
+from mst_mm.engine import AMP_OPTIM_WRAPPERS
+from tests.helpers import REPO, load_tool
+
+MAX_NORM = 1.0
+
+
+def model_with_grads():
+    """Three tensors whose gradient norms are 0.5 (kept), 2.0 and 5.0 (both clipped)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2, bias=False))
+    for param, norm in zip(model.parameters(), (2.0, 0.5, 5.0)):
+        grad = torch.randn_like(param)
+        param.grad = grad * (norm / grad.norm())
+    return model
+
+
+def sgd_wrapper(model, **clip):
+    cfg = dict(type='DINOOptimWrapper', optimizer=dict(type='SGD', lr=1.0))
+    return build_optim_wrapper(model, dict(cfg, clip_grad=clip) if clip else cfg)
+
+
+def dino_clip_by_hand(grads, max_norm):
+    """DINO's rule: each tensor scaled by max_norm / (norm + 1e-6) when that is below 1."""
+    clipped = []
+    for g in grads:
+        coef = max_norm / (g.norm(2).item() + 1e-6)
+        clipped.append(g * coef if coef < 1 else g.clone())
+    return clipped
+
+
+def test_per_parameter_clipping_equals_dinos_rule_and_logs_the_norm():
+    model = model_with_grads()
+    grads = [p.grad.clone() for p in model.parameters()]
+    before = [p.detach().clone() for p in model.parameters()]
+    wrapper = sgd_wrapper(model, type='per_param', max_norm=MAX_NORM)
+    wrapper.step()   # SGD, lr 1: the update is minus the clipped gradient
+    for p, p0, expected in zip(model.parameters(), before, dino_clip_by_hand(grads, MAX_NORM)):
+        torch.testing.assert_close(p0 - p.detach(), expected, rtol=1e-6, atol=1e-7)
+        assert p.grad.norm() <= MAX_NORM + 1e-5 or torch.equal(p.grad, expected)
+    unclipped = list(model.parameters())[1]
+    assert torch.equal(unclipped.grad, grads[1])   # below the threshold: untouched
+    hub = MessageHub.get_current_instance()
+    total = math.sqrt(sum(float(g.norm()) ** 2 for g in grads))
+    assert hub.get_scalar('train/grad_norm').current() == pytest.approx(total, rel=1e-6)
+    assert hub.get_scalar('train/grad_clipped_ratio').current() == pytest.approx(2 / 3)
+
+
+def test_global_norm_clipping_stays_available_and_differs_from_dinos():
+    per_param, global_norm = model_with_grads(), model_with_grads()
+    sgd_wrapper(per_param, type='per_param', max_norm=MAX_NORM).step()
+    sgd_wrapper(global_norm, type='norm', max_norm=MAX_NORM).step()
+    grads = [p.grad.clone() for p in model_with_grads().parameters()]
+    total = math.sqrt(sum(float(g.norm()) ** 2 for g in grads))
+    for p, g in zip(global_norm.parameters(), grads):   # one factor for every tensor
+        torch.testing.assert_close(p.grad, g * (MAX_NORM / (total + 1e-6)))
+    assert not torch.allclose(per_param[0].weight, global_norm[0].weight)
+
+
+def test_frozen_parameters_get_gradients_but_no_update_and_no_weight_decay():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    wrapper = build_optim_wrapper(model, dict(
+        type='DINOOptimWrapper', optimizer=dict(type='AdamW', lr=0.1, weight_decay=0.5),
+        clip_grad=dict(type='per_param', max_norm=3.0)))
+    frozen = list(model[1].parameters())
+    before = [p.detach().clone() for p in model.parameters()]
+
+    wrapper.freeze(frozen)
+    model(torch.randn(8, 4)).pow(2).sum().backward()
+    assert all(p.grad is not None for p in frozen)   # backward reaches them (DDP needs it)
+    wrapper.step()
+    wrapper.zero_grad()
+    for p, p0 in zip(frozen, before[2:]):
+        assert torch.equal(p, p0)
+        assert p not in wrapper.optimizer.state   # AdamW skipped it: no moments, no decay
+    assert not torch.equal(model[0].weight, before[0])
+
+    wrapper.freeze([])
+    wrapper.update_params(model(torch.randn(8, 4)).pow(2).sum())
+    assert not torch.equal(model[1].weight, before[2])
+
+
+@pytest.mark.parametrize('clip_grad', [dict(type='per_param'),
+                                       dict(type='per_param', max_norm=0.0),
+                                       dict(type='per_param', max_norm=3.0, norm_type=1)])
+def test_bad_per_parameter_options_are_refused(clip_grad):
+    with pytest.raises(ValueError, match="type='per_param'"):
+        sgd_wrapper(nn.Linear(2, 2), **clip_grad)
+
+
+def test_mst_configs_use_dinos_rules_and_amp_keeps_them(tmp_path):
+    cfg = Config.fromfile(str(REPO / 'configs/mst_deit-s_300e.py'))
+    assert cfg.optim_wrapper.type == 'DINOOptimWrapper'
+    assert cfg.optim_wrapper.clip_grad == dict(type='per_param', max_norm=3.0)
+    assert cfg.model_wrapper_cfg.find_unused_parameters is False
+
+    train = load_tool('tools/train.py')
+    args = train.parse_args([str(REPO / 'configs/mst_deit-s_300e.py'), '--amp',
+                             '--work-dir', str(tmp_path)])
+    amp_cfg = train.merge_args(Config.fromfile(args.config), args)
+    assert amp_cfg.optim_wrapper.type == 'DINOAmpOptimWrapper'
+    assert amp_cfg.optim_wrapper.clip_grad.type == 'per_param'
+    assert AMP_OPTIM_WRAPPERS['OptimWrapper'] == 'AmpOptimWrapper'
+    with pytest.raises(ValueError, match='no mixed-precision counterpart'):
+        train.merge_args(Config(dict(optim_wrapper=dict(type='Custom'))), args)
