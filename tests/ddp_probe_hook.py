@@ -1,6 +1,9 @@
-"""A hook for tests/test_distributed.py: each rank dumps what must agree across ranks."""
+"""Hooks for tests/test_distributed.py: each rank dumps what must agree across ranks, what its
+random streams drew, and its own losses."""
+import json
 import os.path as osp
 
+import numpy as np
 import torch
 import torch.nn as nn
 from mmengine.dist import get_rank
@@ -9,12 +12,29 @@ from mmengine.model import is_model_wrapper
 from mmpretrain.registry import HOOKS
 
 
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if is_model_wrapper(model) else model
+
+
 @HOOKS.register_module()
 class DDPProbeHook(Hook):
+    """Dumps what must agree across ranks, and the projection's last layer at the start and
+    at the end of every epoch (frozen in epoch 1 by FreezeLastLayerHook)."""
+
+    def before_train(self, runner) -> None:
+        self.last_layer = [self._last_layer(runner)]
+
+    def after_train_epoch(self, runner) -> None:
+        self.last_layer.append(self._last_layer(runner))
+
+    @staticmethod
+    def _last_layer(runner) -> torch.Tensor:
+        layer = _unwrap(runner.model).neck.last_layer
+        return torch.cat([p.detach().flatten() for p in layer.parameters()])
 
     def after_train(self, runner) -> None:
         wrapped = runner.model
-        model = wrapped.module if is_model_wrapper(wrapped) else wrapped
+        model = _unwrap(wrapped)
         torch.save(dict(
             wrapper=type(wrapped).__name__,
             world_size=torch.distributed.get_world_size(),
@@ -23,4 +43,47 @@ class DDPProbeHook(Hook):
             center=model.head.center.clone(),
             teacher={k: v.clone() for k, v in model.teacher.state_dict().items()},
             student={k: v.detach().clone() for k, v in model.backbone.state_dict().items()},
+            last_layer=torch.stack(self.last_layer),
+            find_unused_parameters=wrapped.find_unused_parameters,
         ), osp.join(runner.work_dir, f'probe_rank{get_rank()}.pth'))
+
+
+@HOOKS.register_module()
+class RandomnessProbeHook(Hook):
+    """Dumps the first iteration's crops, the student's masks and the main process's torch and
+    numpy generator states to ``randomness_rank{r}.pth``."""
+
+    def before_train(self, runner) -> None:
+        backbone = _unwrap(runner.model).backbone
+        forward_mst = backbone.forward_mst
+        self.masks = []
+
+        def recording(x, mask=None, **kwargs):
+            if mask is not None and runner.iter == 0:
+                self.masks.append(mask.clone())
+            return forward_mst(x, mask=mask, **kwargs)
+
+        backbone.forward_mst = recording  # the student's only; the teacher is another copy
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        if runner.iter == 0:
+            self.states = dict(torch=torch.get_rng_state(),
+                               numpy=torch.from_numpy(np.random.get_state()[1].copy()))
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        if runner.iter == 0:
+            torch.save(dict(crops=[view.clone() for view in data_batch['inputs']],
+                            masks=self.masks, **self.states),
+                       osp.join(runner.work_dir, f'randomness_rank{get_rank()}.pth'))
+
+
+@HOOKS.register_module()
+class LossProbeHook(Hook):
+    """Appends this rank's own losses of every iteration to ``losses_rank{r}.jsonl`` (the
+    logger shows rank 0's only), one line per iteration tagged with the run's timestamp."""
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        line = dict(run=runner.timestamp, iter=runner.iter + 1,
+                    **{name: float(value) for name, value in outputs.items()})
+        with open(osp.join(runner.work_dir, f'losses_rank{get_rank()}.jsonl'), 'a') as f:
+            f.write(json.dumps(line) + '\n')

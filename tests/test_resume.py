@@ -1,6 +1,7 @@
 """Pre-emption: a run killed after a checkpoint and resumed logs exactly what an
 uninterrupted run logs, bit for bit on CPU with a fixed seed."""
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -10,7 +11,8 @@ import numpy as np
 import torch
 from mmengine.dataset import worker_init_fn as default_worker_init_fn
 
-from mst_mm.datasets import worker_init_from_torch_seed
+from mst_mm.datasets import worker_init, worker_init_from_torch_seed
+from mst_mm.datasets.worker_init import worker_seed
 from tests.helpers import DEMO_CONFIG, REPO, make_image_folder, scalars
 
 # 4 epochs of 4 iterations, a checkpoint every 2 epochs; the killed run dies in epoch 3.
@@ -110,10 +112,24 @@ class _NumpyDraws(torch.utils.data.Dataset):
         return np.random.randint(0, 2**31)
 
 
+class _AllDraws(_NumpyDraws):
+    def __getitem__(self, index):
+        return (np.random.randint(0, 2**31), random.randrange(2**31),
+                int(torch.randint(0, 2**31, ())))
+
+
 def _epoch_draws(worker_init_fn) -> list:
     loader = torch.utils.data.DataLoader(_NumpyDraws(), batch_size=2, num_workers=2,
                                          worker_init_fn=worker_init_fn)
     return [int(x) for batch in loader for x in batch]
+
+
+def _rank_epoch_draws(monkeypatch, rank: int, init=worker_init_from_torch_seed) -> list:
+    """Per sample, the (numpy, random, torch) draws of an epoch's workers on `rank`."""
+    monkeypatch.setattr(worker_init, '_current_rank', lambda: rank)  # forked workers see it
+    loader = torch.utils.data.DataLoader(_AllDraws(), batch_size=None, num_workers=2,
+                                         worker_init_fn=init)
+    return [tuple(int(x) for x in sample) for sample in loader]
 
 
 def test_worker_seeding_differs_every_epoch_and_follows_torchs_generator():
@@ -126,3 +142,26 @@ def test_worker_seeding_differs_every_epoch_and_follows_torchs_generator():
     # mmengine's default seeds every epoch's workers alike: the same draws each epoch.
     default = partial(default_worker_init_fn, num_workers=2, rank=0, seed=0)
     assert _epoch_draws(default) == _epoch_draws(default)
+
+
+def test_worker_seeding_folds_the_rank_into_every_generator(monkeypatch):
+    torch.manual_seed(0)                # every rank's main generator, before RandomStateHook
+    rank_0, rank_0_next = _rank_epoch_draws(monkeypatch, 0), _rank_epoch_draws(monkeypatch, 0)
+    torch.manual_seed(0)
+    rank_1, rank_1_next = _rank_epoch_draws(monkeypatch, 1), _rank_epoch_draws(monkeypatch, 1)
+    for generator in range(3):          # numpy, random and torch: none is shared by the ranks
+        assert {s[generator] for s in rank_0}.isdisjoint(s[generator] for s in rank_1)
+    assert rank_1 != rank_1_next        # still a new stream every epoch
+    torch.manual_seed(0)                # what RandomStateHook restores: the same again
+    assert _rank_epoch_draws(monkeypatch, 1) == rank_1
+
+    # Rank 0 (a single-process run) keeps the seeds it had before ranks were folded in.
+    def rank_blind(worker_id):
+        np.random.seed(torch.initial_seed() % 2**32)
+        random.seed(torch.initial_seed() % 2**32)
+
+    torch.manual_seed(0)
+    assert rank_0 == _rank_epoch_draws(monkeypatch, 0, init=rank_blind)
+    assert rank_0 != rank_0_next
+    assert worker_seed(7, 0) == 7
+    assert len({worker_seed(7, 1), worker_seed(7, 2), worker_seed(8, 1)}) == 3

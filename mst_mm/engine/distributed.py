@@ -37,9 +37,15 @@ class CPUSyncBatchNorm(_BatchNorm):
     """Synchronised BatchNorm for CPU tensors (gloo).
 
     Same parameters and buffers as ``nn.SyncBatchNorm``, so checkpoints are unaffected. It is
-    not a subclass of it because DDP refuses ``SyncBatchNorm`` in CPU modules. Mean and
-    variance come from sums over all ranks, through a differentiable all-reduce, so the
-    gradients match one large batch. In eval mode, or without a process group, it is plain BN.
+    not a subclass of it because DDP refuses ``SyncBatchNorm`` in CPU modules. The statistics
+    are those of the whole global batch, by the corrected two-pass algorithm: the global mean
+    from all-reduced sums, then the all-reduced sums of the deviations from it and of their
+    squares. The first sum is the rounding error of that mean (the subtraction is exact when
+    the values lie near it), and corrects both the mean and the variance. The one-pass
+    ``E[x^2] - mean^2`` cancels catastrophically when the mean is large against the spread:
+    for ``300 + 0.01 * N(0, 1)`` in float32 it comes out negative, and the output NaN. Both
+    all-reduces are differentiable, so the gradients match one large batch. In eval mode, or
+    without a process group, it is plain BN.
     """
 
     def _check_input_dim(self, x: torch.Tensor) -> None:
@@ -47,16 +53,31 @@ class CPUSyncBatchNorm(_BatchNorm):
             raise ValueError(f'expected at least 2D input (got {x.dim()}D input)')
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise ``x`` (N, C, ...) with the statistics of every rank's batch.
+
+        Args:
+            x (Tensor): This rank's part of the batch.
+
+        Returns:
+            Tensor: The normalised (and, if ``affine``, scaled and shifted) ``x``.
+        """
         if not self.training or not dist.is_initialized():
             return super().forward(x)
         channels = x.shape[1]
         dims = [0] + list(range(2, x.dim()))
-        local = torch.cat([x.sum(dims), (x * x).sum(dims),
-                           x.new_tensor([x.numel() / channels])])
-        total = differentiable_all_reduce(local)
+        shape = [1, channels] + [1] * (x.dim() - 2)
+        total = differentiable_all_reduce(torch.cat([x.sum(dims),
+                                                     x.new_tensor([x.numel() / channels])]))
         count = total[-1]
-        mean = total[:channels] / count
-        var = total[channels:2 * channels] / count - mean * mean
+        shift = total[:channels] / count
+        centred = x - shift.view(shape)
+        moments = differentiable_all_reduce(
+            torch.cat([centred.sum(dims), (centred * centred).sum(dims)])) / count
+        # `residual` is the rounding error of `shift`, tiny against the spread: squaring it
+        # cancels nothing.
+        residual = moments[:channels]
+        mean = shift + residual
+        var = moments[channels:] - residual * residual
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked.add_(1)
@@ -65,8 +86,7 @@ class CPUSyncBatchNorm(_BatchNorm):
                 unbiased = var * count / (count - 1).clamp(min=1)
                 self.running_mean.mul_(1 - momentum).add_(momentum * mean)
                 self.running_var.mul_(1 - momentum).add_(momentum * unbiased)
-        shape = [1, channels] + [1] * (x.dim() - 2)
-        y = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        y = (centred - residual.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
         if self.affine:
             y = y * self.weight.view(shape) + self.bias.view(shape)
         return y

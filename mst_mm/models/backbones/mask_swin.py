@@ -116,7 +116,8 @@ class MaskSwin(MaskTokenMixin, SwinTransformer):
     The image decoder starts from the last stage's map, the representation the DINO loss
     trains: Swin-T's stride of 32 takes five 2x stages to reach the input size
     (``feat_stride``). ``forward`` is mmpretrain's, so the trained weights serve every
-    mmpretrain tool and the converters.
+    mmpretrain tool and the converters, and checkpoints load as into mmpretrain's
+    ``SwinTransformer``, legacy (version-1) ones included.
 
     Args:
         use_mask_token (bool): Create the learnable [MASK] embedding (student only).
@@ -194,6 +195,33 @@ class MaskSwin(MaskTokenMixin, SwinTransformer):
                 attn = pooled_similarity(tokens.float())
         feat_map = tokens.transpose(1, 2).reshape(x.shape[0], -1, *hw_shape)
         return MSTFeatures(tokens.mean(dim=1), feat_map, attn, attn_heads)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict,
+                              *args, **kwargs) -> None:
+        """Convert legacy keys as mmpretrain's ``SwinTransformer`` does, then load.
+
+        mmpretrain upgrades version-1 checkpoints (the last stage's norm saved as ``norm.*``,
+        now ``norm{last}.*``) and drops the ``attn_mask`` buffers of versions before 3, but
+        only when ``self.__class__ is SwinTransformer``: a subclass would leave ``norm3``
+        missing. The same conversions run here, on this module's keys only.
+
+        Args:
+            state_dict (dict): The whole state dict being loaded; edited in place.
+            prefix (str): This module's key prefix in it.
+            local_metadata (dict): This module's metadata; ``version`` is the one saved.
+            *args: The remaining arguments of ``nn.Module._load_from_state_dict``.
+            **kwargs: The same.
+        """
+        version = local_metadata.get('version')
+        if version is None or version < 2:
+            legacy = prefix + 'norm.'
+            for key in [k for k in state_dict if k.startswith(legacy)]:
+                new_key = f'{prefix}norm{len(self.stages) - 1}.{key[len(legacy):]}'
+                state_dict[new_key] = state_dict.pop(key)
+        if version is None or version < 3:
+            for key in [k for k in state_dict if k.startswith(prefix) and 'attn_mask' in k]:
+                del state_dict[key]
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kwargs)
 
     def _apply_mask(self, x: torch.Tensor, hw_shape: Tuple[int, int],
                     mask: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,13 @@ class MaskTokenMixin:
 
     def init_weights(self) -> None:
         super().init_weights()
-        if self.mask_token is not None:
+        # A Pretrained init_cfg has just loaded the checkpoint's [MASK] token: keep it.
+        if self.mask_token is not None and not self._init_cfg_loads_checkpoint():
             trunc_normal_(self.mask_token, std=.02)
+
+    def _init_cfg_loads_checkpoint(self) -> bool:
+        cfgs = self.init_cfg if isinstance(self.init_cfg, list) else [self.init_cfg]
+        return any(isinstance(cfg, dict) and cfg.get('type') == 'Pretrained' for cfg in cfgs)
 
     def _replace_with_mask_token(self, tokens: torch.Tensor,
                                  mask: torch.Tensor) -> torch.Tensor:
