@@ -76,7 +76,8 @@ def test_full_recipe_runs_one_step_at_batch_two(config, backbone_params, tmp_pat
     before = first_weight.detach().clone()
     model.train_step(batch, optim_wrapper)   # step 0: teacher := student
     log_vars = model.train_step(batch, optim_wrapper)
-    assert set(log_vars) == {'loss', 'loss_dino', 'loss_restore'}
+    assert set(log_vars) == {'loss', 'loss_dino', 'loss_restore', 'teacher_entropy',
+                             'teacher_student_kl', 'prototypes_in_use'}
     assert all(torch.isfinite(torch.as_tensor(v)) for v in log_vars.values())
     assert not torch.equal(before, first_weight)
     assert model.head.center.abs().sum() > 0

@@ -18,11 +18,16 @@ def build(**overrides):
 
 
 def test_loss_returns_both_weighted_terms(message_hub):
+    diagnostics = {'teacher_entropy', 'teacher_student_kl', 'prototypes_in_use'}
     losses = build().loss(crops(), [])
-    assert set(losses) == {'loss_dino', 'loss_restore'}
+    assert set(losses) == {'loss_dino', 'loss_restore'} | diagnostics
     assert all(torch.isfinite(v) and v.ndim == 0 for v in losses.values())
     no_decoder = build(decoder_head=None).loss(crops(), [])
-    assert set(no_decoder) == {'loss_dino'}
+    assert set(no_decoder) == {'loss_dino'} | diagnostics
+    # Logged, not optimised: only the two weighted terms make up the total.
+    total, log_vars = build().parse_losses(losses)
+    torch.testing.assert_close(total, losses['loss_dino'] + losses['loss_restore'])
+    assert diagnostics <= set(log_vars)
 
 
 def test_teacher_pairs_by_name_without_mask_token_decoder_or_drop_path():

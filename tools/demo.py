@@ -2,13 +2,16 @@
 
 1. Writes 32 x 32 texture patches cut from images bundled with scikit-image
    (data/mst_demo/{train,val}/<class>/*.png, a quarter of every class held out).
-2. Pretrains the tiny ViT of configs/mst_vit-tiny_demo.py three times through mmengine's
-   Runner: the DINO baseline (no mask, no decoder), MST with random masking at the same p,
-   and MST (attention-guided masking + decoder).
+2. Pretrains the tiny ViT of configs/mst_vit-tiny_demo.py four times through mmengine's
+   Runner, the paper's Table 4 at demo scale: the DINO baseline (no mask, no decoder), then
+   MST's decoder with no mask, with random masking at the same p, and with the
+   attention-guided mask.
 3. Prints weighted k-NN top-1 (T = 0.07) on the held-out split for raw pixels, the randomly
-   initialised backbone and the three pretrained teachers; with --seeds K every training is
-   repeated and the table shows mean and standard deviation.
-4. Writes attention / mask / reconstruction pictures of MST to WORK_DIR/pictures.
+   initialised backbone and the pretrained teachers, with each run's last logged DINO loss,
+   teacher entropy and teacher-student KL; with --seeds K every training is repeated and the
+   table shows mean and standard deviation.
+4. Writes attention / mask / reconstruction pictures of MST and a plot of the DINO loss,
+   teacher entropy and KL of every run against ln K to WORK_DIR/pictures.
 
     python tools/demo.py [--seeds 3] [--epochs 30] [--work-dir work_dirs/mst_demo]
 
@@ -18,6 +21,7 @@ directory with train/<class>/*.png and val/<class>/*.png.
 import argparse
 import glob
 import json
+import math
 import os
 import os.path as osp
 import statistics
@@ -33,12 +37,14 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PRETRAIN_CONFIG = osp.join(REPO, 'configs', 'mst_vit-tiny_demo.py')
 KNN_CONFIG = osp.join(REPO, 'configs', 'benchmarks', 'knn', 'knn_vit-tiny_demo.py')
-# (work-dir name, table row, model overrides of the demo config)
+# (work-dir name, table row, model overrides of the demo config): the paper's Table 4 at
+# demo scale, after the DINO baseline.
 VARIANTS = [
     ('dino', 'DINO baseline (no mask, no decoder)',
      dict(mask_cfg=dict(mode='none'), decoder_head=None)),
-    ('mst_random_mask', 'MST, random mask (same p)', dict(mask_cfg=dict(mode='random'))),
-    ('mst', 'MST (attention-guided mask)', dict()),
+    ('mst_mask_none', 'MST decoder, no mask', dict(mask_cfg=dict(mode='none'))),
+    ('mst_random_mask', 'MST decoder, random mask (same p)', dict(mask_cfg=dict(mode='random'))),
+    ('mst', 'MST decoder, attention-guided mask', dict()),
 ]
 KS = (10, 20)
 
@@ -129,16 +135,17 @@ def raw_pixel_knn(data_root: str) -> dict:
     return knn_top1(*load('train'), *load('val'), ks=KS)
 
 
-def summarise(values: List[float]) -> str:
+def summarise(values: List[float], digits: int = 1) -> str:
     if len(values) == 1:
-        return f'{values[0]:.1f}'
-    return f'{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}'
+        return f'{values[0]:.{digits}f}'
+    return f'{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}'
 
 
-def main(argv=None) -> Dict[str, Dict[int, List[float]]]:
+def main(argv=None) -> Dict[str, Dict]:
     args = parse_args(argv)
     import mst_mm  # noqa: F401
     from mst_mm.datasets import write_demo_dataset
+    from mst_mm.visualization import final_values, plot_dino_curves, read_scalars
 
     if osp.isdir(osp.join(args.data_root, 'train')) and not osp.isfile(
             osp.join(args.data_root, 'dataset.json')):
@@ -147,13 +154,14 @@ def main(argv=None) -> Dict[str, Dict[int, List[float]]]:
         summary = write_demo_dataset(args.data_root)
         print(f"demo data: {summary['train']} train / {summary['val']} held-out 32x32 "
               f"patches of {', '.join(summary['classes'])} (scikit-image)")
-    results: Dict[str, Dict[int, List[float]]] = {}
+    results: Dict[str, Dict] = {}
 
-    def record(row: str, top1: dict) -> None:
-        for k, acc in top1.items():
-            results.setdefault(row, {}).setdefault(k, []).append(acc)
+    def record(row: str, values: dict) -> None:
+        for key, value in values.items():
+            results.setdefault(row, {}).setdefault(key, []).append(value)
 
     record('raw pixels', raw_pixel_knn(args.data_root))
+    curves: Dict[str, List[List[dict]]] = {}
     last_mst = None
     for seed in range(args.seeds):
         seed_dir = osp.join(args.work_dir, f'seed{seed}')
@@ -163,15 +171,23 @@ def main(argv=None) -> Dict[str, Dict[int, List[float]]]:
             run_dir = osp.join(seed_dir, name)
             ckpt = pretrain(variant, seed, args.epochs, args.batch_size, args.data_root, run_dir)
             record(row, knn_of_checkpoint(ckpt, 'teacher', args.data_root, run_dir))
+            rows = read_scalars(run_dir)
+            curves.setdefault(row, []).append(rows)
+            record(row, final_values(rows))
             if name == 'mst':
                 last_mst = ckpt
 
     pictures = write_pictures(last_mst, args.data_root, osp.join(args.work_dir, 'pictures'))
-    print_table(results, args.seeds)
+    num_prototypes = Config.fromfile(PRETRAIN_CONFIG).model.head.out_channels
+    plot = plot_dino_curves(
+        curves, num_prototypes, osp.join(args.work_dir, 'pictures', 'dino_curves.png'),
+        title=f'demo pretraining, {args.seeds} seed(s) per variant')
+    print_table(results, args.seeds, num_prototypes)
     with open(osp.join(args.work_dir, 'knn_table.json'), 'w') as f:
         json.dump(results, f, indent=2)
     print(f'\nk-NN results: {osp.join(args.work_dir, "knn_table.json")}')
     print(f'pictures (attention, masks, reconstruction): {pictures}')
+    print(f'curves (DINO loss, teacher entropy, KL against ln K): {plot}')
     return results
 
 
@@ -186,13 +202,20 @@ def write_pictures(checkpoint: str, data_root: str, out: str) -> str:
     return tool.main([PRETRAIN_CONFIG, checkpoint, *images, '--out', out, '--grid'])[-1]
 
 
-def print_table(results: Dict[str, Dict[int, List[float]]], seeds: int) -> None:
+def print_table(results: Dict[str, Dict], seeds: int, num_prototypes: int) -> None:
     spread = f' (mean ± std over {seeds} seeds)' if seeds > 1 else ''
-    print(f'\nweighted k-NN top-1 (%) on the held-out quarter, T = 0.07{spread}')
-    print('| features | ' + ' | '.join(f'k = {k}' for k in KS) + ' |')
-    print('| --- | ' + ' | '.join('---' for _ in KS) + ' |')
-    for row, by_k in results.items():
-        print(f'| {row} | ' + ' | '.join(summarise(by_k[k]) for k in KS) + ' |')
+    print(f'\nweighted k-NN top-1 (%) on the held-out quarter, T = 0.07, and the last '
+          f'logged DINO loss, teacher entropy H and teacher-student KL (ln K = '
+          f'{math.log(num_prototypes):.3f}){spread}')
+    columns = [(k, f'k = {k}', 1) for k in KS] + [
+        ('loss_dino', 'loss_dino', 3), ('teacher_entropy', 'H(P_t)', 3),
+        ('teacher_student_kl', 'KL', 3)]
+    print('| features | ' + ' | '.join(title for _, title, _ in columns) + ' |')
+    print('| --- | ' + ' | '.join('---' for _ in columns) + ' |')
+    for row, values in results.items():
+        cells = [summarise(values[key], digits) if key in values else '-'
+                 for key, _, digits in columns]
+        print(f'| {row} | ' + ' | '.join(cells) + ' |')
 
 
 if __name__ == '__main__':

@@ -13,6 +13,9 @@ default_hooks = dict(
     # dataloaders' worker_init_from_torch_seed and non-persistent workers). Keep mmengine's
     # randomness.diff_rank_seed=False: the hook docstring says why.
     random_state=dict(type='RandomStateHook'),
+    # Warns when the DINO loss sits in uniform or one-hot collapse (teacher entropy and
+    # teacher-student KL, logged every iteration); never stops a run.
+    collapse_monitor=dict(type='CollapseMonitorHook', window=1000),
 )
 log_processor = dict(window_size=50)
 

@@ -1,7 +1,8 @@
+from .collapse_monitor_hook import CollapseMonitorHook, collapse_mode
 from .dino_schedule_hooks import FreezeLastLayerHook, TeacherTempWarmupHook
 from .mst_visualization_hook import MSTVisualizationHook
 from .random_state_hook import RandomStateHook
 from .safe_checkpoint_hook import SafeCheckpointHook
 
-__all__ = ['FreezeLastLayerHook', 'MSTVisualizationHook', 'RandomStateHook',
-           'SafeCheckpointHook', 'TeacherTempWarmupHook']
+__all__ = ['CollapseMonitorHook', 'FreezeLastLayerHook', 'MSTVisualizationHook', 'RandomStateHook',
+           'SafeCheckpointHook', 'TeacherTempWarmupHook', 'collapse_mode']

@@ -100,7 +100,9 @@ class MST(BaseSelfSupervisor):
             data_samples (List[DataSample]): Unused.
 
         Returns:
-            dict: ``loss_dino`` and, with a decoder, ``loss_restore``, both weighted.
+            dict: ``loss_dino`` and, with a decoder, ``loss_restore``, both weighted; and
+            the collapse diagnostics of :meth:`DINOHead.loss_and_diagnostics`, which are
+            logged but not summed into the loss (their names hold no ``loss``).
         """
         global_crops = torch.cat(inputs[:self.num_global_crops])
         local_crops = inputs[self.num_global_crops:]
@@ -118,7 +120,8 @@ class MST(BaseSelfSupervisor):
                    for same_size in self._same_size_batches(local_crops)]
         student_out = self.neck.forward_crops(s_global.global_feat, s_local)
 
-        losses = dict(loss_dino=self.head.loss(student_out, teacher_out))
+        # loss_dino, plus the collapse diagnostics that mmengine logs beside it
+        losses = self.head.loss_and_diagnostics(student_out, teacher_out)
         if self.decoder_head is not None:
             losses['loss_restore'] = self.decoder_head.loss(s_global.feat_map, global_crops)
         return losses

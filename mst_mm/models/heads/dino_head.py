@@ -1,5 +1,5 @@
 """DINO's self-distillation loss with centring and sharpening (paper Eq. 2)."""
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -64,21 +64,55 @@ class DINOHead(BaseModule):
         Returns:
             Tensor: :math:`\\lambda_1 L_{CE}`, a scalar.
         """
+        return self.loss_and_diagnostics(student_out, teacher_out)['loss_dino']
+
+    def loss_and_diagnostics(self, student_out: torch.Tensor,
+                             teacher_out: torch.Tensor) -> Dict[str, torch.Tensor]:
+        r"""The weighted DINO loss and the collapse diagnostics of DINO's Fig. 7.
+
+        From the tensors of the loss, no extra forward pass (all detached, unweighted):
+
+        - ``teacher_entropy``: :math:`H(P_t)`, the mean entropy of the teacher's centred and
+          sharpened distributions. Uniform collapse drives it to :math:`\ln K`, one-hot
+          collapse to 0.
+        - ``teacher_student_kl``: :math:`L_{CE} - H(P_t)`, the mean KL divergence from the
+          student to the teacher over the loss's pairs. Both collapse modes drive it to 0.
+        - ``prototypes_in_use``: :math:`\exp H(ar P_t)`, the perplexity of the batch-mean
+          teacher distribution: about K when the batch spreads over all prototypes, 1 when
+          every sample picks the same one.
+
+        Args:
+            student_out (Tensor): As for :meth:`loss`.
+            teacher_out (Tensor): As for :meth:`loss`.
+
+        Returns:
+            dict: ``loss_dino`` (:math:`\lambda_1 L_{CE}`, with gradient) and the three
+            diagnostics above.
+        """
         num_crops = student_out.shape[0] * self.num_global_crops // teacher_out.shape[0]
         student_logp = F.log_softmax(student_out.float() / self.student_temp, dim=-1)
         student_logp = student_logp.chunk(num_crops)
         teacher_p = F.softmax((teacher_out.float() - self.center) / self.teacher_temp, dim=-1)
-        teacher_p = teacher_p.detach().chunk(self.num_global_crops)
+        teacher_p = teacher_p.detach()
 
         total, pairs = 0., 0
-        for i, target in enumerate(teacher_p):
+        for i, target in enumerate(teacher_p.chunk(self.num_global_crops)):
             for j, logp in enumerate(student_logp):
                 if i == j:
                     continue
                 total = total + torch.sum(-target * logp, dim=-1).mean()
                 pairs += 1
         self.update_center(teacher_out)
-        return self.loss_weight * total / pairs
+        cross_entropy = total / pairs
+        with torch.no_grad():
+            # Every teacher crop meets the same number of student crops, so the pairs'
+            # mean teacher entropy is the plain mean over the teacher's samples.
+            entropy = torch.special.entr(teacher_p).sum(dim=-1).mean()
+            prototypes = torch.special.entr(teacher_p.mean(dim=0)).sum().exp()
+        return dict(loss_dino=self.loss_weight * cross_entropy,
+                    teacher_entropy=entropy,
+                    teacher_student_kl=cross_entropy.detach() - entropy,
+                    prototypes_in_use=prototypes)
 
     @torch.no_grad()
     def update_center(self, teacher_out: torch.Tensor) -> None:

@@ -1,0 +1,117 @@
+"""A warning when DINO self-distillation sits in one of its two collapse modes."""
+import math
+from typing import Optional
+
+from mmengine.hooks import Hook
+from mmpretrain.registry import HOOKS
+
+from .dino_schedule_hooks import unwrap
+
+UNIFORM, ONE_HOT = 'uniform', 'one-hot'
+
+ADVICE = {
+    UNIFORM: (
+        'teacher and student are both (nearly) uniform over the K prototypes, so the '
+        'self-distillation signal is gone (or the run never left its starting plateau). '
+        'Centring pushes towards this mode, sharpening away from it: lower the teacher '
+        'temperature or shorten its warm-up (TeacherTempWarmupHook start / end / '
+        'warmup_epochs), raise model.head.center_momentum, try a lower learning rate '
+        '(optim_wrapper.optimizer.lr) or fewer prototypes (model.neck.out_channels and '
+        'model.head.out_channels).'),
+    ONE_HOT: (
+        'the teacher puts (nearly) all its mass on one prototype for every image and the '
+        'student copies it, so every image gets the same code. Sharpening pushes towards '
+        'this mode, centring away from it: raise the teacher temperature or lengthen its '
+        'warm-up (TeacherTempWarmupHook), lower model.head.center_momentum, lower the '
+        'learning rate (optim_wrapper.optimizer.lr).'),
+}
+
+
+def collapse_mode(entropy: float, kl: float, num_prototypes: int,
+                  uniform_ratio: float = 0.95, one_hot_ratio: float = 0.05,
+                  kl_ratio: float = 0.01) -> Optional[str]:
+    r"""Which collapse mode the DINO diagnostics show, if any (DINO paper, Fig. 7).
+
+    Uniform collapse drives the teacher entropy :math:`H(P_t)` to :math:`\ln K`; one-hot
+    collapse drives it to 0; in both the student follows the teacher, so the KL divergence
+    between them goes to 0. A run whose KL is clearly above 0 is learning, whatever its
+    entropy.
+
+    Args:
+        entropy (float): Mean teacher entropy :math:`H(P_t)` in nats.
+        kl (float): Mean teacher-student KL divergence in nats.
+        num_prototypes (int): K.
+        uniform_ratio (float): Uniform when :math:`H \ge` this :math:`\times \ln K`.
+            Defaults to 0.95.
+        one_hot_ratio (float): One-hot when :math:`H \le` this :math:`\times \ln K`.
+            Defaults to 0.05.
+        kl_ratio (float): Collapsed only while :math:`KL \le` this :math:`\times \ln K`.
+            Defaults to 0.01.
+
+    Returns:
+        str | None: ``'uniform'``, ``'one-hot'`` or None.
+    """
+    log_k = math.log(num_prototypes)
+    if kl > kl_ratio * log_k:
+        return None
+    if entropy >= uniform_ratio * log_k:
+        return UNIFORM
+    if entropy <= one_hot_ratio * log_k:
+        return ONE_HOT
+    return None
+
+
+@HOOKS.register_module()
+class CollapseMonitorHook(Hook):
+    """Warns, naming the mode and what to change, when a run sits in a collapse mode.
+
+    After every training iteration it reads ``teacher_entropy`` and ``teacher_student_kl``,
+    which ``MST.loss`` returns next to the losses (so the console, ``scalars.json`` and
+    TensorBoard show them too), and classifies them with :func:`collapse_mode`. When the
+    same mode has held for ``window`` iterations in a row it logs one warning; it warns again
+    only after the run has left that mode. It never stops a run. Runs without these outputs
+    (k-NN, linear probing) are ignored.
+
+    Args:
+        window (int): Consecutive iterations in a mode before the warning. Defaults to 1000
+            (about one ImageNet epoch at batch 1024).
+        uniform_ratio (float): See :func:`collapse_mode`. Defaults to 0.95.
+        one_hot_ratio (float): See :func:`collapse_mode`. Defaults to 0.05.
+        kl_ratio (float): See :func:`collapse_mode`. Defaults to 0.01.
+    """
+    priority = 'BELOW_NORMAL'
+
+    def __init__(self, window: int = 1000, uniform_ratio: float = 0.95,
+                 one_hot_ratio: float = 0.05, kl_ratio: float = 0.01) -> None:
+        if window < 1:
+            raise ValueError(f'CollapseMonitorHook window must be >= 1, got {window}.')
+        if not 0 <= one_hot_ratio < uniform_ratio <= 1:
+            raise ValueError('CollapseMonitorHook needs 0 <= one_hot_ratio < uniform_ratio '
+                             f'<= 1, got {one_hot_ratio} and {uniform_ratio}.')
+        self.window = window
+        self.thresholds = dict(uniform_ratio=uniform_ratio, one_hot_ratio=one_hot_ratio,
+                               kl_ratio=kl_ratio)
+        self._mode: Optional[str] = None
+        self._streak = 0
+        self._warned = False
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+                         outputs: Optional[dict] = None) -> None:
+        if not outputs or 'teacher_entropy' not in outputs:
+            return
+        entropy = float(outputs['teacher_entropy'])
+        kl = float(outputs['teacher_student_kl'])
+        num_prototypes = unwrap(runner.model).head.center.shape[-1]
+        mode = collapse_mode(entropy, kl, num_prototypes, **self.thresholds)
+        if mode != self._mode:
+            self._mode, self._streak, self._warned = mode, 0, False
+        if mode is None:
+            return
+        self._streak += 1
+        if self._streak >= self.window and not self._warned:
+            self._warned = True
+            runner.logger.warning(
+                f'DINO {mode} collapse: for {self._streak} iterations (up to iteration '
+                f'{runner.iter + 1}) the teacher entropy H(P_t) = {entropy:.3f} '
+                f'(ln K = {math.log(num_prototypes):.3f}) and the teacher-student KL = '
+                f'{kl:.4f}: {ADVICE[mode]} Training goes on; this is only a warning.')

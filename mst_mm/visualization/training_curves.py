@@ -1,0 +1,87 @@
+"""The curves a DINO practitioner checks first: DINO loss, teacher entropy and KL against ln K."""
+import glob
+import json
+import math
+import os
+import os.path as osp
+from typing import Dict, List, Sequence
+
+CURVE_KEYS = ('loss_dino', 'teacher_entropy', 'teacher_student_kl')
+
+
+def read_scalars(work_dir: str) -> List[dict]:
+    """The per-iteration rows that mmengine's ``LocalVisBackend`` wrote for the latest run
+    in ``work_dir`` (``<timestamp>/vis_data/scalars.json``).
+
+    Args:
+        work_dir (str): A Runner's work directory.
+
+    Returns:
+        list[dict]: One dict per logged iteration, in order.
+    """
+    files = sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json')))
+    if not files:
+        raise FileNotFoundError(f'No */vis_data/scalars.json under {work_dir}: was the run '
+                                'logged with LocalVisBackend (the default)?')
+    with open(files[-1]) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def final_values(rows: List[dict], keys: Sequence[str] = CURVE_KEYS,
+                 last: int = 1) -> Dict[str, float]:
+    """The mean of each key over the last ``last`` logged rows that have it."""
+    values = {}
+    for key in keys:
+        series = [row[key] for row in rows if key in row]
+        if series:
+            values[key] = sum(series[-last:]) / len(series[-last:])
+    return values
+
+
+def plot_dino_curves(runs: Dict[str, List[List[dict]]], num_prototypes: int,
+                     out_file: str, title: str = '') -> str:
+    """One figure, three panels: ``loss_dino``, teacher entropy and teacher-student KL
+    against the iteration, one colour per variant (one line per seed), ln K drawn in.
+
+    Args:
+        runs (dict): Variant name -> the :func:`read_scalars` rows of each of its runs.
+        num_prototypes (int): K, for the ln K line.
+        out_file (str): The PNG to write.
+        title (str): Figure title. Defaults to ''.
+
+    Returns:
+        str: ``out_file``.
+    """
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    log_k = math.log(num_prototypes)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    labels = dict(loss_dino='DINO loss (unweighted by lambda_1 = 1)',
+                  teacher_entropy='teacher entropy H(P_t)',
+                  teacher_student_kl='teacher-student KL')
+    colours = plt.rcParams['axes.prop_cycle'].by_key()['color']
+    for colour, (variant, seed_runs) in zip(colours, runs.items()):
+        for seed, rows in enumerate(seed_runs):
+            for ax, key in zip(axes, CURVE_KEYS):
+                points = [(row['iter'], row[key]) for row in rows if key in row]
+                if points:
+                    xs, ys = zip(*points)
+                    ax.plot(xs, ys, color=colour, alpha=0.8, linewidth=1.2,
+                            label=variant if seed == 0 else None)
+    for ax, key in zip(axes, CURVE_KEYS):
+        if key != 'teacher_student_kl':
+            ax.axhline(log_k, color='black', linestyle='--', linewidth=1,
+                       label=f'ln K = {log_k:.3f}')
+        ax.set_title(labels[key])
+        ax.set_xlabel('iteration')
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    os.makedirs(osp.dirname(osp.abspath(out_file)), exist_ok=True)
+    fig.savefig(out_file, dpi=110)
+    plt.close(fig)
+    return out_file
