@@ -5,56 +5,100 @@ from typing import List, Optional
 import mmcv
 from mmcv.transforms import LoadImageFromFile
 from mmengine import fileio
-from mmengine.logging import print_log
+from mmengine.logging import MMLogger, print_log
 from mmpretrain.datasets import CustomDataset, ImageNet
 from mmpretrain.registry import DATASETS, TRANSFORMS
 
-_JPEG_END, _PNG_END = b'\xff\xd9', b'IEND\xaeB`\x82'
+from .folder_scan import scan_image_folder, why_not_a_file
+from .image_format import (
+    format_from_extension,
+    image_problem,
+    sniff_image_format,
+    undecodable_reason,
+)
 
-
-def image_problem(img_bytes: bytes, filename: str) -> Optional[str]:
-    """Why these bytes are not a whole image, or None.
-
-    OpenCV decodes a truncated JPEG without an error (the missing rows come out grey), so
-    truncation is caught from the format's end marker before decoding.
-    """
-    tail = img_bytes[-64:].rstrip(b'\x00\r\n ')
-    ext = osp.splitext(filename)[1].lower()
-    if ext in ('.jpg', '.jpeg') and _JPEG_END not in tail:
-        return 'truncated JPEG (no end-of-image marker)'
-    if ext == '.png' and _PNG_END not in tail:
-        return 'truncated PNG (no IEND chunk)'
-    return None
+__all__ = ['CheckedImageDataset', 'CheckedImageNet', 'LoadImageOrSkip', 'image_problem']
 
 
 @TRANSFORMS.register_module()
 class LoadImageOrSkip(LoadImageFromFile):
     """mmcv's ``LoadImageFromFile`` that turns an unreadable, corrupt or truncated image into
-    a warning naming the file and a ``None`` sample, which mmengine's dataset replaces by
-    another one. :class:`CheckedImageDataset` counts these against its budget.
+    a warning naming the file and the true reason, and a ``None`` sample, which mmengine's
+    dataset replaces by another one. :class:`CheckedImageDataset` counts these against its
+    budget.
+
+    The format is read from the file's content, not its name: a JPEG named ``.png`` is
+    checked and decoded as the JPEG it is (with one warning per loader process that some
+    extensions are misleading), and an empty file, a text file or a truncated image is
+    reported as such (see :mod:`mst_mm.datasets.image_format`).
 
     Grayscale, RGBA, CMYK and 16-bit images decode to 3-channel 8-bit BGR (``color_type``
     'color', the default), so they train like any other.
+
+    Args:
+        *args: ``LoadImageFromFile``'s arguments.
+        **kwargs: The same.
     """
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._warned_extension = False
+
     def transform(self, results: dict) -> Optional[dict]:
+        """Load ``results['img_path']``, or warn and return None.
+
+        Args:
+            results (dict): Holds ``img_path``.
+
+        Returns:
+            dict | None: ``results`` with ``img``, ``img_shape`` and ``ori_shape``; None
+            for a file that cannot be used.
+        """
         filename = results['img_path']
         try:
-            img_bytes = fileio.get(filename, backend_args=self.backend_args)
-            problem = image_problem(img_bytes, filename)
-            img = None if problem else mmcv.imfrombytes(
-                img_bytes, flag=self.color_type, backend=self.imdecode_backend)
-            if img is None and problem is None:
-                problem = 'the decoder could not read it'
+            problem = self._not_a_file(filename)
+            if problem is None:
+                img_bytes = fileio.get(filename, backend_args=self.backend_args)
+                problem = image_problem(img_bytes)
+            if problem is None:
+                img = self._decode(img_bytes)
+                problem = undecodable_reason(img_bytes) if img is None else None
         except Exception as error:  # unreadable file: I/O error, vanished, permission
             problem = f'{type(error).__name__}: {error}'
         if problem:
             print_log(f'Skipping {filename}: {problem}.', logger='current', level=30)
             return None
+        self._check_extension(filename, img_bytes)
         if self.to_float32:
             img = img.astype('float32')
         results.update(img=img, img_shape=img.shape[:2], ori_shape=img.shape[:2])
         return results
+
+    def _not_a_file(self, filename: str) -> Optional[str]:
+        # A FIFO would block the reader forever and a folder raises a vague error; only
+        # plain local paths can be asked (a backend may map the path elsewhere).
+        if self.backend_args is not None or '://' in filename:
+            return None
+        return why_not_a_file(filename)
+
+    def _decode(self, img_bytes: bytes):
+        try:
+            return mmcv.imfrombytes(img_bytes, flag=self.color_type,
+                                    backend=self.imdecode_backend)
+        except Exception:  # some decoders raise where OpenCV returns None; same meaning
+            return None
+
+    def _check_extension(self, filename: str, img_bytes: bytes) -> None:
+        if self._warned_extension:
+            return
+        claimed, actual = format_from_extension(filename), sniff_image_format(img_bytes)
+        if claimed and actual and claimed != actual:
+            self._warned_extension = True
+            print_log(f'{filename} holds a {actual} image although its extension says '
+                      f'{claimed}: loaded it by its content. Files whose extension does not '
+                      'match their content are loaded the same way without further '
+                      'warnings (this is said once per loader process).',
+                      logger='current', level=30)
 
 
 class _CheckedInputs:
@@ -62,6 +106,10 @@ class _CheckedInputs:
 
     - A missing or empty ``data_root``, and an annotation file that names missing images,
       stop the run at start-up with a message naming the path.
+    - A folder is listed without following symlink loops; entries that cannot be images
+      (dangling links, loops, FIFOs, folders named like images, other extensions) are
+      left out with one warning that counts them by reason (see
+      :func:`~mst_mm.datasets.folder_scan.scan_image_folder`).
     - A sample whose image cannot be decoded (see :class:`LoadImageOrSkip`) is replaced by
       another one, with a warning naming the file; past ``max_corrupt_images`` distinct
       broken files (in one loader process) the run stops with an error listing what to fix.
@@ -101,11 +149,47 @@ class _CheckedInputs:
         if self.ann_file and self.check_files:
             missing = [d['img_path'] for d in data_list if not osp.isfile(d['img_path'])]
             if missing:
+                examples = ', '.join(f'{path} ({why_not_a_file(path)})' for path in missing[:3])
                 raise FileNotFoundError(
                     f'{len(missing)} of the {len(data_list)} images that {self.ann_file!r} '
-                    f'names do not exist, e.g. {missing[:3]}. Fix the file or data_root '
-                    '(or set check_files=False to skip this check).')
+                    f'names do not exist or are not files, e.g. {examples}. Fix the file or '
+                    'data_root (or set check_files=False to skip this check).')
         return data_list
+
+    def _find_samples(self) -> list:
+        """mmpretrain's folder listing, made safe against symlink loops and odd entries.
+
+        Returns:
+            list: ``(path, class_index)`` pairs with labels, else paths; relative to the
+            image folder, in mmpretrain's order.
+        """
+        root = self.img_prefix
+        if '://' in root:  # a remote backend: mmpretrain lists it
+            return super()._find_samples()
+        classes, samples, empty_classes, ignored = scan_image_folder(
+            root, self.is_valid_file, with_label=self.with_label)
+        if ignored.summary():
+            print_log(ignored.summary(), logger='current', level=30)
+        if self.with_label:
+            self.folder_to_idx = {name: i for i, name in enumerate(classes)}
+            if self.CLASSES is not None and len(self.CLASSES) != len(classes):
+                raise ValueError(
+                    f"The number of subfolders ({len(classes)}) doesn't match the number "
+                    f'of specified classes ({len(self.CLASSES)}). Please check the data '
+                    'folder.')
+            if self.CLASSES is None:
+                self._metainfo['classes'] = tuple(classes)
+        else:
+            samples = [path for path, _ in samples]
+        if not samples:
+            # load_data_list turns mmpretrain's message into one that says what to do
+            raise RuntimeError(f'Found 0 files in subfolders of: {self.data_prefix}. '
+                               f'Supported extensions are: {",".join(self.extensions)}')
+        if empty_classes:
+            MMLogger.get_current_instance().warning(
+                f'Found no valid file in the folder {", ".join(sorted(empty_classes))}. '
+                f'Supported extensions are: {", ".join(self.extensions)}')
+        return samples
 
     def prepare_data(self, idx: int):
         data = super().prepare_data(idx)

@@ -12,6 +12,7 @@ from mmpretrain.structures import DataSample
 
 from ..backbones import MSTFeatures
 from ..utils import attention_mask, check_mask_args
+from ..utils.channel_check import ChannelMismatchError, channel_mismatches
 
 
 @MODELS.register_module()
@@ -65,6 +66,7 @@ class MST(BaseSelfSupervisor):
         check_mask_args(**self.mask_cfg)
         self.num_global_crops = num_global_crops
         self.decoder_head = MODELS.build(decoder_head) if decoder_head else None
+        self._check_channels(backbone)
         if self.decoder_head is not None:
             self._check_decoder_reaches_input_size()
 
@@ -76,6 +78,18 @@ class MST(BaseSelfSupervisor):
         teacher = nn.Sequential(MODELS.build(teacher_backbone), MODELS.build(copy.deepcopy(neck)))
         teacher.load_state_dict(self._student().state_dict(), strict=False)
         self.teacher = CosineEMA(teacher, momentum=base_momentum, end_momentum=end_momentum)
+
+    def _check_channels(self, backbone_cfg: dict) -> None:
+        """Refuse, at build time, widths that would only fail at the first iteration.
+
+        Args:
+            backbone_cfg (dict): The backbone's config, to name its arch in the message.
+        """
+        problems = channel_mismatches(self.backbone, self.neck, self.head, self.decoder_head,
+                                      backbone_cfg)
+        if problems:
+            raise ChannelMismatchError(
+                "MST's parts do not fit together:\n- " + '\n- '.join(problems))
 
     def _check_decoder_reaches_input_size(self) -> None:
         stride, factor = self.backbone.feat_stride, self.decoder_head.upsample_factor
