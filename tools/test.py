@@ -4,16 +4,22 @@
 Example::
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl]
+
+The checkpoint must provide every weight of the config's model (``--allow-partial``
+accepts one that provides only some); a bad input ends the run with one message and exit
+status 2.
 """
 import argparse
 import os
 import os.path as osp
 import sys
 
-from mmengine.config import Config, DictAction
-from mmengine.runner import Runner
+from mmengine.config import Config
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mst_mm.engine import CheckedRunner  # noqa: E402  (also registers mst_mm's modules)
+from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -29,12 +35,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=['metrics', 'pred'],
         help='To output whether metrics or predictions. '
         'Defaults to output predictions.')
+    add_cfg_options_argument(parser)
     parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override some settings in the used config, the key-value pair '
-        'in xxx=yyy format will be merged into config file.')
+        '--allow-partial', action='store_true',
+        help='accept a checkpoint that provides only some of the model\'s weights (the '
+        'rest stay randomly initialised; a warning lists them)')
     parser.add_argument(
         '--amp', action='store_true', help='enable automatic-mixed-precision test')
     parser.add_argument(
@@ -64,8 +69,9 @@ def merge_args(cfg: Config, args: argparse.Namespace) -> Config:
         cfg.test_evaluator = list(cfg.test_evaluator) if isinstance(
             cfg.test_evaluator, (list, tuple)) else [cfg.test_evaluator]
         cfg.test_evaluator.append(dict(type='DumpResults', out_file_path=args.out))
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
+    if args.allow_partial:
+        cfg.allow_partial_load = True
+    merge_cfg_options(cfg, args.cfg_options)
     return cfg
 
 
@@ -76,9 +82,9 @@ def main(argv=None) -> None:
                          f'got {args.out!r}')
     cfg = merge_args(Config.fromfile(args.config), args)
 
-    from mst_mm.engine import init_cpu_distributed  # also registers mst_mm's modules
+    from mst_mm.engine import init_cpu_distributed
     init_cpu_distributed(args.launcher)
-    runner = Runner.from_cfg(cfg)
+    runner = CheckedRunner.from_cfg(cfg)
     metrics = runner.test()
     if args.out and args.out_item == 'metrics':
         import mmengine
@@ -86,4 +92,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == '__main__':
-    main()
+    run_tool(main)

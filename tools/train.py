@@ -7,19 +7,25 @@ Examples::
     python tools/train.py CONFIG --amp --work-dir work_dirs/run1
     python tools/train.py CONFIG --resume               # latest checkpoint in work_dir
     python tools/train.py CONFIG --resume path/to/epoch_10.pth
+
+A bad input (a ``--cfg-options`` entry, a checkpoint that cannot be resumed) ends the run
+before training with one message that names it and the fix, and exit status 2.
 """
 import argparse
 import os
 import os.path as osp
 import sys
 
-from mmengine.config import Config, ConfigDict, DictAction
+from mmengine.config import Config, ConfigDict
 from mmengine.runner import Runner
 from mmengine.utils import digit_version
 from mmengine.utils.dl_utils import TORCH_VERSION
 
 # Running as `python tools/train.py` from a source checkout must work without an install.
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool  # noqa: E402
+from mst_mm.engine.resume import check_training_checkpoint, find_resume_checkpoint  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,16 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         action='store_true',
         help='whether to disable the persistent_workers option in '
         'dataloaders.')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override some settings in the used config, the key-value pair '
-        'in xxx=yyy format will be merged into config file. If the value to '
-        'be overwritten is a list, it should be like key="[a,b]" or key=a,b '
-        'It also allows nested list/tuple values, e.g. key="[(a,b),(c,d)]" '
-        'Note that the quotation marks are necessary and that no white space '
-        'is allowed.')
+    add_cfg_options_argument(parser)
     parser.add_argument(
         '--launcher',
         choices=['none', 'pytorch', 'slurm', 'mpi'],
@@ -145,16 +142,37 @@ def merge_args(cfg: Config, args: argparse.Namespace) -> Config:
         if loader is not None and loader.get('num_workers', 0) == 0:
             loader.persistent_workers = False
 
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
+    merge_cfg_options(cfg, args.cfg_options)
 
+    return cfg
+
+
+def resolve_resume(cfg: Config) -> Config:
+    """Check the checkpoint that the run resumes from, before anything is built.
+
+    ``--resume PATH`` must be a training checkpoint. ``--resume`` alone takes what the work
+    dir's ``last_checkpoint`` names, read relative to the work dir, or the previous good
+    checkpoint when that one is unusable (with a warning).
+
+    Args:
+        cfg (Config): The merged config; ``cfg.load_from`` is set here for auto-resume.
+
+    Returns:
+        Config: ``cfg``.
+    """
+    if not cfg.get('resume', False):
+        return cfg
+    if cfg.get('load_from'):
+        check_training_checkpoint(cfg.load_from)
+    else:
+        cfg.load_from = find_resume_checkpoint(osp.abspath(cfg.work_dir))
     return cfg
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     cfg = Config.fromfile(args.config)
-    cfg = merge_args(cfg, args)
+    cfg = resolve_resume(merge_args(cfg, args))
 
     # torch.compile needs torch >= 2.0, as in mmpretrain.
     if cfg.get('compile') and digit_version(TORCH_VERSION) < digit_version('2.0.0'):
@@ -167,4 +185,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == '__main__':
-    main()
+    run_tool(main)

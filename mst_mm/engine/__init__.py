@@ -1,18 +1,50 @@
+from .checked_loading import (
+    CheckedPretrainedInit,
+    CheckedRunner,
+    LoadReport,
+    load_state_dict_checked,
+    raise_if_incomplete,
+)
+from .cli import (
+    CheckedDictAction,
+    add_cfg_options_argument,
+    check_cfg_options,
+    merge_cfg_options,
+    run_tool,
+)
 from .distributed import CPUSyncBatchNorm, DeviceAgnosticDDP, init_cpu_distributed
+from .errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    ConfigOptionError,
+    IncompleteCheckpointError,
+    NotATrainingCheckpointError,
+    UnreadableCheckpointError,
+    UnsafeCheckpointError,
+    UserInputError,
+)
 from .hooks import *  # noqa: F401,F403
 from .knn_loop import KNNTestLoop
 from .optimizers import AMP_OPTIM_WRAPPERS, DINOAmpOptimWrapper, DINOOptimWrapper
+from .resume import check_training_checkpoint, find_resume_checkpoint, read_last_checkpoint
 from .safe_loading import (
     allow_mmengine_checkpoint_globals,
     install_weights_only_loader,
     load_local_checkpoint,
+    read_checkpoint,
 )
 
 allow_mmengine_checkpoint_globals()
 install_weights_only_loader()
 
 __all__ = [
-    'AMP_OPTIM_WRAPPERS', 'CPUSyncBatchNorm', 'DINOAmpOptimWrapper', 'DINOOptimWrapper',
-    'DeviceAgnosticDDP', 'KNNTestLoop', 'allow_mmengine_checkpoint_globals',
-    'init_cpu_distributed', 'install_weights_only_loader', 'load_local_checkpoint'
+    'AMP_OPTIM_WRAPPERS', 'CPUSyncBatchNorm', 'CheckedDictAction', 'CheckedPretrainedInit',
+    'CheckedRunner', 'CheckpointError', 'CheckpointNotFoundError', 'ConfigOptionError',
+    'DINOAmpOptimWrapper', 'DINOOptimWrapper', 'DeviceAgnosticDDP', 'IncompleteCheckpointError',
+    'KNNTestLoop', 'LoadReport', 'NotATrainingCheckpointError', 'UnreadableCheckpointError',
+    'UnsafeCheckpointError', 'UserInputError', 'add_cfg_options_argument',
+    'allow_mmengine_checkpoint_globals', 'check_cfg_options', 'check_training_checkpoint',
+    'find_resume_checkpoint', 'init_cpu_distributed', 'install_weights_only_loader',
+    'load_local_checkpoint', 'load_state_dict_checked', 'merge_cfg_options',
+    'raise_if_incomplete', 'read_checkpoint', 'read_last_checkpoint', 'run_tool'
 ]

@@ -2,17 +2,21 @@
 
 torch >= 2.6 loads with ``weights_only=True`` by default and mmengine 0.10.7 passes nothing,
 so its training checkpoints (numpy arrays and ``HistoryBuffer`` objects in the message hub)
-fail to load and ``--resume`` is broken (shared/ENVIRONMENT.md, trap 4). Instead of turning
-weights-only loading off, this allow-lists exactly the globals those checkpoints hold.
+fail to load and ``--resume`` is broken. Instead of turning weights-only loading off, this
+allow-lists exactly the globals those checkpoints hold, and every load failure names the file.
 """
+import errno
 import os.path as osp
 import pickle
+import zipfile
 from typing import Any
 
 import numpy as np
 import torch
 from mmengine.logging import HistoryBuffer
 from mmengine.runner import CheckpointLoader
+
+from .errors import CheckpointNotFoundError, UnreadableCheckpointError, UnsafeCheckpointError
 
 _NUMERIC_DTYPES = ('bool', 'int8', 'int16', 'int32', 'int64', 'uint8', 'uint16', 'uint32',
                    'uint64', 'float16', 'float32', 'float64')
@@ -46,26 +50,100 @@ def allow_mmengine_checkpoint_globals() -> None:
     ])
 
 
-def load_local_checkpoint(filename: str, map_location=None) -> Any:
-    """mmengine's loader for local paths, weights-only and explicit about a refusal.
+def _describe_unreadable(filename: str, error: BaseException) -> str:
+    """Why ``torch.load`` could not read ``filename``, in words a user can act on."""
+    size = osp.getsize(filename)
+    with open(filename, 'rb') as f:
+        head = f.read(4)
+    if size == 0:
+        return 'the file is empty (0 bytes)'
+    if head == b'PK\x03\x04' and not zipfile.is_zipfile(filename):
+        # torch.save writes a zip archive whose directory comes last: a write cut short (a
+        # kill, a full disk) loses it, and torch then reports a miniz or OS error.
+        return (f'the file is truncated ({size} bytes, the end of its zip archive is '
+                'missing): the save that wrote it was probably interrupted')
+    return (f'it is not a PyTorch checkpoint, or it is corrupted ({size} bytes; '
+            f'{type(error).__name__}: {_first_line(error)})')
 
-    Registered as CheckpointLoader's default scheme, so ``--resume``, ``load_from``,
-    ``init_cfg=dict(type='Pretrained')`` and our tools all come through here. A refused
-    pickle raises an ``UnpicklingError`` that names the file and the global it wanted.
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    # torch's weights-only unpickler puts the actual reason after a paragraph of advice.
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith('Please file an issue') or line.endswith('WeightsUnpickler error:'):
+            return lines[i + 1]
+    return lines[0] if lines else repr(error)
+
+
+def read_checkpoint(filename: str, map_location: Any = None, mmap: bool = False) -> Any:
+    """``torch.load(filename)``, weights-only, with errors that name the file and the fix.
+
+    Args:
+        filename (str): A local checkpoint file.
+        map_location: Passed to ``torch.load``.
+        mmap (bool): Map the tensors' storage instead of reading it, to look at a large
+            checkpoint's structure cheaply. Files in torch's legacy (non-zip) format are
+            read in full instead. Defaults to False.
+
+    Returns:
+        The unpickled object.
+
+    Raises:
+        CheckpointNotFoundError: ``filename`` does not exist.
+        UnsafeCheckpointError: the pickle asks for a global outside the allow-list, i.e.
+            loading it could run code.
+        UnreadableCheckpointError: the file is empty, truncated, corrupted or no checkpoint.
     """
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
-        raise FileNotFoundError(f'Checkpoint {filename} does not exist.')
+        raise CheckpointNotFoundError(f'Checkpoint {filename} does not exist.')
     try:
-        return torch.load(filename, map_location=map_location, weights_only=True)
+        try:
+            return torch.load(filename, map_location=map_location, weights_only=True,
+                              mmap=mmap)
+        except RuntimeError as error:
+            if not (mmap and 'mmap can only be used' in str(error)):
+                raise
+            return torch.load(filename, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
         lines = str(error).splitlines()
         reason = next((line.strip() for line in lines if 'GLOBAL' in line or 'global' in line),
-                      lines[0] if lines else 'not a weights-only checkpoint')
-        raise pickle.UnpicklingError(
+                      None)
+        if reason is None:  # not a refused global: the bytes are not a pickle of ours
+            raise UnreadableCheckpointError(_unreadable_message(filename, error)) from None
+        raise UnsafeCheckpointError(
             f'Refusing to load {filename}: it is not a plain weights checkpoint ({reason}). '
             'Loading it could run code hidden in the file. Use a checkpoint from a source '
             'you trust, or re-save its state_dict with torch.save.') from None
+    except (RuntimeError, OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as error:
+        if isinstance(error, OSError) and error.errno in (errno.EACCES, errno.EPERM):
+            raise UnreadableCheckpointError(
+                f'Cannot read checkpoint {filename}: permission denied.') from None
+        raise UnreadableCheckpointError(_unreadable_message(filename, error)) from None
+
+
+def _unreadable_message(filename: str, error: BaseException) -> str:
+    return (f'Cannot read checkpoint {filename}: {_describe_unreadable(filename, error)}. '
+            'Use another checkpoint (the previous epoch_N.pth of the run, or a fresh copy of '
+            'the file); this one is left as it is.')
+
+
+def load_local_checkpoint(filename: str, map_location: Any = None) -> Any:
+    """mmengine's loader for local paths, weights-only and explicit about a refusal.
+
+    Registered as CheckpointLoader's default scheme, so ``--resume``, ``load_from``,
+    ``init_cfg=dict(type='Pretrained')`` and our tools all come through here. Every failure
+    names the file (see :func:`read_checkpoint`); a refused pickle raises an
+    ``UnpicklingError`` that also names the global it wanted.
+
+    Args:
+        filename (str): A local checkpoint file.
+        map_location: Passed to ``torch.load``.
+
+    Returns:
+        The unpickled checkpoint.
+    """
+    return read_checkpoint(filename, map_location=map_location)
 
 
 def install_weights_only_loader() -> None:

@@ -5,17 +5,22 @@
 
 CONFIG is a k-NN benchmark config (``configs/benchmarks/knn/``); CKPT an MST training
 checkpoint (teacher weights by default) or any state dict the config's backbone accepts.
-Checkpoints are loaded weights-only.
+Checkpoints are loaded weights-only, and a checkpoint that does not provide every weight of
+the backbone is refused, naming what is missing: the table would otherwise describe a
+randomly initialised backbone. ``--allow-partial`` accepts one that provides only some.
 """
 import argparse
 import json
 import os.path as osp
 import sys
 
-from mmengine.config import Config, DictAction
-from mmengine.runner import Runner
+from mmengine.config import Config
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+# Importing mst_mm registers its modules and the weights-only allow-list.
+from mst_mm.engine import CheckedRunner, CheckpointNotFoundError  # noqa: E402
+from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -29,15 +34,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--chunk-size', type=int, help='rows per similarity chunk')
     parser.add_argument('--work-dir', help='directory for logs')
     parser.add_argument('--out', help='write the metrics as JSON here')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config settings, key=value')
+    parser.add_argument('--allow-partial', action='store_true',
+                        help='accept a checkpoint that provides only some of the backbone\'s '
+                        'weights (the rest stay randomly initialised; a warning lists them)')
+    add_cfg_options_argument(parser)
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if not osp.isfile(args.checkpoint):
-        raise FileNotFoundError(f'Checkpoint {args.checkpoint} does not exist.')
+        raise CheckpointNotFoundError(f'Checkpoint {args.checkpoint} does not exist.')
     cfg = Config.fromfile(args.config)
     cfg.load_from = args.checkpoint
     cfg.work_dir = args.work_dir or osp.join(
@@ -48,11 +55,11 @@ def main(argv=None) -> dict:
                        ('chunk_size', args.chunk_size)):
         if value is not None:
             cfg.test_evaluator[key] = tuple(value) if key == 'ks' else value
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
+    if args.allow_partial:
+        cfg.allow_partial_load = True
+    merge_cfg_options(cfg, args.cfg_options)
 
-    import mst_mm  # noqa: F401  registers modules and the weights-only allow-list
-    metrics = Runner.from_cfg(cfg).test()
+    metrics = CheckedRunner.from_cfg(cfg).test()
     rows = sorted((int(k.rsplit('_k', 1)[1]), v) for k, v in metrics.items() if '_k' in k)
     print(f'\nweighted k-NN, {osp.basename(args.checkpoint)} '
           f'({cfg.model.get("weights", "-")} weights)')
@@ -66,4 +73,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == '__main__':
-    main()
+    run_tool(main)

@@ -15,7 +15,8 @@ The keys are checked one by one against the backbone that the downstream config 
 pretrained backbones with ``strict=False`` and say nothing about keys that did not match.
 Anything that is not an exact match is refused, with the keys named. The checkpoint is read
 weights-only (``mst_mm.engine.load_local_checkpoint``), so a pickle that would run code is
-refused before anything in it is used.
+refused before anything in it is used, and a truncated or unreadable file is named with
+what is wrong with it. Every refusal ends the command with one message and exit status 2.
 """
 import argparse
 import copy
@@ -34,7 +35,8 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 from mmengine.config import Config  # noqa: E402
 from mmengine.registry import DefaultScope  # noqa: E402
 
-from mst_mm.engine import load_local_checkpoint  # noqa: E402
+from mst_mm.engine import UserInputError, load_local_checkpoint  # noqa: E402
+from mst_mm.engine.cli import run_tool  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 TARGETS = {
@@ -62,6 +64,10 @@ VIT_TO_MMSEG = ((re.compile(r'^(layers\.\d+\.attn)\.qkv\.(weight|bias)$'), r'\1.
 UNTRAINED_SWIN_NORMS = re.compile(r'^norm[0-2]\.(weight|bias)$')
 
 
+class ConversionError(UserInputError, ValueError):
+    """A checkpoint or option that this conversion cannot use; the message says why."""
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description='Convert an MST checkpoint into an mmdet / mmseg backbone checkpoint.')
@@ -79,7 +85,7 @@ def extract_backbone(state_dict: Dict[str, torch.Tensor], weights: str,
                      source: str) -> Dict[str, torch.Tensor]:
     """The backbone tensors of the teacher or the student, without pretraining-only keys."""
     if not any(k.startswith(SOURCE_PREFIXES['teacher']) for k in state_dict):
-        raise ValueError(
+        raise ConversionError(
             f'{source} is not an MST training checkpoint: it has no '
             f"'{SOURCE_PREFIXES['teacher']}*' keys (the EMA teacher's backbone). Give the "
             '.pth that tools/train.py wrote for an MST config, e.g. '
@@ -94,9 +100,9 @@ def backbone_kind(backbone: Dict[str, torch.Tensor]) -> str:
         return 'vit'
     if 'stages.0.blocks.0.attn.w_msa.qkv.weight' in backbone:
         return 'swin'
-    raise ValueError('The checkpoint holds neither an MST ViT (MaskViT) nor an MST Swin '
-                     '(MaskSwin) backbone; its first keys are '
-                     f'{sorted(backbone)[:5]}.')
+    raise ConversionError('The checkpoint holds neither an MST ViT (MaskViT) nor an MST Swin '
+                          '(MaskSwin) backbone; its first keys are '
+                          f'{sorted(backbone)[:5]}.')
 
 
 def rename_for_target(backbone: Dict[str, torch.Tensor], target: str) -> Dict[str, torch.Tensor]:
@@ -132,8 +138,8 @@ def resize_pos_embed(pos_embed: torch.Tensor, target_shape: torch.Size,
     src = int(math.isqrt(pos_embed.shape[1] - 1))
     dst = int(math.isqrt(target_shape[1] - 1))
     if src * src + 1 != pos_embed.shape[1] or dst * dst + 1 != target_shape[1]:
-        raise ValueError(f'Cannot resize pos_embed {tuple(pos_embed.shape)} to '
-                         f'{tuple(target_shape)}: only square patch grids are supported.')
+        raise ConversionError(f'Cannot resize pos_embed {tuple(pos_embed.shape)} to '
+                              f'{tuple(target_shape)}: only square patch grids are supported.')
     return resize(pos_embed, (src, src), (dst, dst), mode=mode, num_extra_tokens=1)
 
 
@@ -165,7 +171,7 @@ def match_target(converted: Dict[str, torch.Tensor], target_model: torch.nn.Modu
     if missing or unexpected or mismatched:
         def show(keys):
             return ', '.join(keys[:8]) + (f' ... ({len(keys)} in all)' if len(keys) > 8 else '')
-        raise ValueError(
+        raise ConversionError(
             f'The checkpoint does not match the backbone of the {target} config: '
             f'missing {show(missing) or "none"}; unexpected {show(unexpected) or "none"}; '
             f'shape mismatches {show(mismatched) or "none"}. The pretrained architecture '
@@ -180,17 +186,17 @@ def convert(checkpoint: str, out: str, target: str, weights: str = 'teacher',
     spec = TARGETS[target]
     config = config or osp.join(REPO, spec['config'])
     if osp.abspath(out) == osp.abspath(checkpoint):
-        raise ValueError(f'OUT is the input checkpoint {checkpoint}: choose another path, the '
-                         'converted file holds only the backbone.')
+        raise ConversionError(f'OUT is the input checkpoint {checkpoint}: choose another path, '
+                              'the converted file holds only the backbone.')
     loaded = load_local_checkpoint(checkpoint, map_location='cpu')
     if not isinstance(loaded, dict) or 'state_dict' not in loaded:
-        raise ValueError(f'{checkpoint} is not an MST training checkpoint: expected a dict with '
-                         "a 'state_dict' entry, as mmengine saves.")
+        raise ConversionError(f'{checkpoint} is not an MST training checkpoint: expected a dict '
+                              "with a 'state_dict' entry, as mmengine saves.")
     backbone = extract_backbone(loaded['state_dict'], weights, checkpoint)
     kind = backbone_kind(backbone)
     if kind != spec['backbone']:
         other = next(t for t, s in TARGETS.items() if s['backbone'] == kind)
-        raise ValueError(
+        raise ConversionError(
             f'--target {target} fine-tunes {spec["framework"]}, but {checkpoint} holds an MST '
             f'{"Swin" if kind == "swin" else "ViT"} backbone: use --target {other}, or pretrain '
             f'the matching backbone.')
@@ -220,4 +226,4 @@ def main(argv=None) -> Dict[str, torch.Tensor]:
 
 
 if __name__ == '__main__':
-    main()
+    run_tool(main)

@@ -1,11 +1,15 @@
-"""Checkpoints that a kill during the save cannot take away."""
+"""Checkpoints that a kill during the save cannot take away, in a work dir that can move."""
+import logging
 import os
 import os.path as osp
 
 from mmengine.dist import is_main_process
 from mmengine.fileio.backends import LocalBackend
 from mmengine.hooks import CheckpointHook
+from mmengine.logging import print_log
 from mmpretrain.registry import HOOKS
+
+from ..resume import POINTER, find_resume_checkpoint
 
 
 def _replace_atomically(tmp_path: str, path: str) -> None:
@@ -28,8 +32,75 @@ class SafeCheckpointHook(CheckpointHook):
        same way, so the resume pointer never names a partial file;
     3. only then is the outdated checkpoint deleted.
 
+    A checkpoint name that exists already from an earlier attempt (a run resumed from an
+    older checkpoint saves those epochs again) is not written over: the earlier file is
+    renamed to ``epoch_N.pth.previous`` first.
+
+    ``last_checkpoint`` holds the path relative to the work dir, so a moved or copied work
+    dir resumes from its own checkpoints; auto-resume reads it (and older absolute pointers)
+    through :func:`mst_mm.engine.resume.find_resume_checkpoint`, also when the Runner is
+    used without ``tools/train.py``.
+
     Other storage backends keep mmengine's behaviour. Arguments are ``CheckpointHook``'s.
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # The checkpoints saved by this process, which it may replace (a best-checkpoint
+        # update saves the same step twice); any other existing file is kept aside.
+        self._written = set()
+
+    def before_run(self, runner) -> None:
+        """Resolve auto-resume's ``last_checkpoint`` in the work dir.
+
+        Args:
+            runner (Runner): The runner.
+        """
+        super().before_run(runner)
+        # mmengine's auto-resume would read the pointer relative to the current directory.
+        # tools/train.py resolves it before building the Runner; this covers direct use.
+        if getattr(runner, '_resume', False) and getattr(runner, '_load_from', None) is None:
+            runner._load_from = find_resume_checkpoint(runner.work_dir)
+
+    def before_train(self, runner) -> None:
+        """mmengine's set-up, then keep a resumed best checkpoint's path in this work dir.
+
+        Args:
+            runner (Runner): The runner.
+        """
+        super().before_train(runner)
+        # The best checkpoint's path comes from the resumed message hub. In a copied work
+        # dir it names the original's file, which mmengine would delete when a new best
+        # arrives: point it at the same-named file here instead.
+        if getattr(self, 'best_ckpt_path', None):
+            self.best_ckpt_path = self._rebased(self.best_ckpt_path)
+        for key, path in getattr(self, 'best_ckpt_path_dict', {}).items():
+            if path:
+                self.best_ckpt_path_dict[key] = self._rebased(path)
+
+    def _keep_earlier_file(self, path: str) -> None:
+        # A run that resumed from an earlier checkpoint (by choice, or because auto-resume
+        # skipped an unusable one) saves epochs that exist already; mmengine would write
+        # over them. The earlier file is renamed aside instead, never lost.
+        if not osp.exists(path) or path in self._written:
+            return
+        kept, n = f'{path}.previous', 1
+        while osp.exists(kept):
+            kept, n = f'{path}.previous{n}', n + 1
+        os.replace(path, kept)
+        print_log(f'{path} existed from an earlier run or attempt: kept it as {kept}.',
+                  logger='current', level=logging.WARNING)
+
+    def _rebased(self, path: str) -> str:
+        if not isinstance(self.file_backend, LocalBackend):
+            return path
+        here = osp.join(self.out_dir, osp.basename(path))
+        if osp.realpath(osp.dirname(path)) != osp.realpath(self.out_dir):
+            print_log(f'The resumed best checkpoint {path} lies outside {self.out_dir}; '
+                      f'this run manages {here} instead and leaves {path} alone.',
+                      logger='current', level=logging.WARNING)
+            return here
+        return path
 
     def _save_checkpoint_with_step(self, runner, step, meta) -> None:
         if not isinstance(self.file_backend, LocalBackend):
@@ -54,10 +125,13 @@ class SafeCheckpointHook(CheckpointHook):
             backend_args=self.backend_args, **self.args)
         if not is_main_process():
             return
+        self._keep_earlier_file(self.last_ckpt)
         _replace_atomically(osp.join(self.out_dir, partial), self.last_ckpt)
-        pointer = osp.join(runner.work_dir, 'last_checkpoint')
+        self._written.add(self.last_ckpt)
+        pointer = osp.join(runner.work_dir, POINTER)
         with open(pointer + '.partial', 'w') as f:
-            f.write(self.last_ckpt)
+            # Relative to the work dir, so that the pointer moves with it.
+            f.write(osp.relpath(self.last_ckpt, runner.work_dir))
         _replace_atomically(pointer + '.partial', pointer)
         if outdated is not None:
             old = osp.join(self.out_dir, self.filename_tmpl.format(outdated))

@@ -1,0 +1,41 @@
+"""Errors that the user can fix from the command line.
+
+Our tools print these as one message and exit with status 2, without a traceback
+(:func:`mst_mm.engine.cli.run_tool`). Every message names the input, says what is wrong with
+it and what to do instead. Each class also derives from the built-in exception that the same
+failure raised before, so code that caught ``FileNotFoundError`` or ``UnpicklingError`` keeps
+working.
+"""
+import pickle
+
+
+class UserInputError(Exception):
+    """A bad input: a checkpoint, a config option or a command-line argument."""
+
+
+class ConfigOptionError(UserInputError, ValueError):
+    """A ``--cfg-options`` entry with a bad syntax or a key that the config does not have."""
+
+
+class CheckpointError(UserInputError):
+    """A checkpoint file that cannot be used for what was asked."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The checkpoint file does not exist."""
+
+
+class UnreadableCheckpointError(CheckpointError, RuntimeError):
+    """The file is empty, truncated, corrupted, or not a PyTorch checkpoint at all."""
+
+
+class UnsafeCheckpointError(CheckpointError, pickle.UnpicklingError):
+    """The pickle asks for a global that weights-only loading does not allow."""
+
+
+class NotATrainingCheckpointError(CheckpointError, ValueError):
+    """A readable checkpoint without the training state that ``--resume`` needs."""
+
+
+class IncompleteCheckpointError(CheckpointError, ValueError):
+    """A checkpoint that leaves weights of the model at their random initialisation."""
