@@ -22,6 +22,20 @@ from tests.helpers import DEMO_CONFIG, make_image_folder
 PIPELINE = [dict(type='LoadImageOrSkip'), dict(type='PackInputs')]
 
 
+@contextlib.contextmanager
+def mmlogger_records():
+    """The log records that mmengine's current logger emits inside the block."""
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+
+
 def build(**kwargs):
     return DATASETS.build(dict(type='CheckedImageDataset', pipeline=PIPELINE, **kwargs))
 
@@ -56,16 +70,9 @@ def test_broken_images_are_skipped_with_a_warning_then_stop_past_the_budget(tmp_
     broken = [i for i, p in enumerate(paths) if 'truncated' in p or 'garbage' in p]
     assert len(broken) == 2
 
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(handler)
-    try:
+    with mmlogger_records() as records:
         np.random.seed(0)
         samples = [dataset[i] for i in broken]   # each replaced by a good image
-    finally:
-        logger.removeHandler(handler)
     assert all(s['inputs'].shape[0] == 3 for s in samples)
     messages = ' '.join(r.getMessage() for r in records)
     assert 'truncated.jpg: truncated JPEG' in messages and 'garbage.png' in messages
@@ -142,16 +149,9 @@ def test_misnamed_images_load_and_empty_or_text_files_get_their_true_reason(tmp_
     dataset = build(data_root=root, max_corrupt_images=2)
     names = [osp.basename(dataset.get_data_info(i)['img_path']) for i in range(len(dataset))]
 
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(handler)
-    try:
+    with mmlogger_records() as records:
         load = dataset.pipeline.transforms[0]   # LoadImageOrSkip, before PackInputs
         loaded = {name: load(dataset.get_data_info(i)) for i, name in enumerate(names)}
-    finally:
-        logger.removeHandler(handler)
     for name in ('0.png', 'jpeg_named.png', 'png_named.jpg', 'also_jpeg.png'):
         assert loaded[name]['img'].shape[2] == 3, name
     assert loaded['empty.png'] is None and loaded['notes.jpg'] is None
@@ -179,15 +179,8 @@ def test_symlink_loops_and_odd_entries_are_left_out_with_one_summary(tmp_path):
     _odd_entries(tmp_path / 'data' / 'class_0')
     os.symlink('.', tmp_path / 'data' / 'root_loop')   # would be a class of its own
 
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(handler)
-    try:
+    with mmlogger_records() as records:
         dataset = build(data_root=root)
-    finally:
-        logger.removeHandler(handler)
     assert dataset.CLASSES == ('class_0', 'class_1')
     assert sorted(osp.relpath(dataset.get_data_info(i)['img_path'], root)
                   for i in range(len(dataset))) == [
