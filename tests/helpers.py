@@ -1,5 +1,4 @@
 """Shared test fixtures that build data on disk and tiny runner configs."""
-import os.path as osp
 from pathlib import Path
 
 import numpy as np
@@ -55,16 +54,9 @@ def tiny_runner_cfg(data_root, work_dir, max_epochs=2, batch_size=4,
 
 def scalars(work_dir, all_runs: bool = False) -> list:
     """The json lines that mmengine's LocalVisBackend wrote for the latest run in
-    `work_dir`, or for every run in it (a resumed run writes a folder of its own)."""
-    import glob
-    import json
-    files = sorted(glob.glob(osp.join(str(work_dir), '*', 'vis_data', 'scalars.json')))
-    assert files, f'no scalars.json under {work_dir}'
-    lines = []
-    for path in (files if all_runs else files[-1:]):
-        with open(path) as f:
-            lines += [json.loads(line) for line in f if line.strip()]
-    return lines
+    `work_dir`, or for every run in it (the package's reader, which the demo uses too)."""
+    from mst_mm.visualization import read_scalars
+    return read_scalars(work_dir, all_runs=all_runs)
 
 
 def load_tool(relative_path: str):

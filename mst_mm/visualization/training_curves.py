@@ -9,22 +9,27 @@ from typing import Dict, List, Sequence
 CURVE_KEYS = ('loss_dino', 'teacher_entropy', 'teacher_student_kl')
 
 
-def read_scalars(work_dir: str) -> List[dict]:
+def read_scalars(work_dir: str, all_runs: bool = False) -> List[dict]:
     """The per-iteration rows that mmengine's ``LocalVisBackend`` wrote for the latest run
-    in ``work_dir`` (``<timestamp>/vis_data/scalars.json``).
+    in ``work_dir`` (``<timestamp>/vis_data/scalars.json``), or for every run in it (a
+    resumed run writes a folder of its own).
 
     Args:
         work_dir (str): A Runner's work directory.
+        all_runs (bool): Concatenate every run's rows, oldest first. Defaults to False.
 
     Returns:
         list[dict]: One dict per logged iteration, in order.
     """
-    files = sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json')))
+    files = sorted(glob.glob(osp.join(str(work_dir), '*', 'vis_data', 'scalars.json')))
     if not files:
         raise FileNotFoundError(f'No */vis_data/scalars.json under {work_dir}: was the run '
                                 'logged with LocalVisBackend (the default)?')
-    with open(files[-1]) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    rows = []
+    for path in (files if all_runs else files[-1:]):
+        with open(path) as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    return rows
 
 
 def final_values(rows: List[dict], keys: Sequence[str] = CURVE_KEYS,
