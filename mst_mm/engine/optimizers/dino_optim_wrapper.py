@@ -66,12 +66,12 @@ class DINOGradientRulesMixin:
                  if p.requires_grad and p.grad is not None]
         if not grads:
             return
-        norms = torch._foreach_norm(grads)
+        norms = torch.stack(torch._foreach_norm(grads))
         # Multiplying by exactly 1 leaves an unclipped gradient bit for bit as it was.
-        factors = torch.stack(norms).add_(1e-6).reciprocal_().mul_(self.per_param_max_norm)
+        factors = norms.add(1e-6).reciprocal_().mul_(self.per_param_max_norm)
         factors.clamp_(max=1.0)
         torch._foreach_mul_(grads, list(factors.unbind()))
-        total_norm = torch.linalg.vector_norm(torch.stack(norms))
+        total_norm = torch.linalg.vector_norm(norms)
         self.message_hub.update_scalar('train/grad_norm', float(total_norm))
         self.message_hub.update_scalar('train/grad_clipped_ratio',
                                        float((factors < 1).float().mean()))
