@@ -8,12 +8,9 @@ import torch
 import torch.nn as nn
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
-from mmengine.model import is_model_wrapper
 from mmpretrain.registry import HOOKS
 
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if is_model_wrapper(model) else model
+from mst_mm.engine.hooks.dino_schedule_hooks import unwrap
 
 
 @HOOKS.register_module()
@@ -29,12 +26,12 @@ class DDPProbeHook(Hook):
 
     @staticmethod
     def _last_layer(runner) -> torch.Tensor:
-        layer = _unwrap(runner.model).neck.last_layer
+        layer = unwrap(runner.model).neck.last_layer
         return torch.cat([p.detach().flatten() for p in layer.parameters()])
 
     def after_train(self, runner) -> None:
         wrapped = runner.model
-        model = _unwrap(wrapped)
+        model = unwrap(wrapped)
         torch.save(dict(
             wrapper=type(wrapped).__name__,
             world_size=torch.distributed.get_world_size(),
@@ -54,7 +51,7 @@ class RandomnessProbeHook(Hook):
     numpy generator states to ``randomness_rank{r}.pth``."""
 
     def before_train(self, runner) -> None:
-        backbone = _unwrap(runner.model).backbone
+        backbone = unwrap(runner.model).backbone
         forward_mst = backbone.forward_mst
         self.masks = []
 
