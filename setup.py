@@ -8,8 +8,13 @@ from setuptools import find_packages, setup
 ROOT = osp.dirname(osp.abspath(__file__))
 
 
+# What `mim` reads from an installed package: the configs (found by name), the tools it runs,
+# and the model index that `mim search` lists (it imports configs/mst/metafile.yml).
+MIM_FILES = ('configs', 'tools', 'model-index.yml')
+
+
 def add_mim_extension() -> None:
-    """Expose configs/ and tools/ under mst_mm/.mim so that `mim` finds them.
+    """Expose configs/, tools/ and model-index.yml under mst_mm/.mim so that `mim` finds them.
 
     Editable installs get symlinks; regular builds get copies, as in
     mmpretrain's own setup.py.
@@ -17,7 +22,7 @@ def add_mim_extension() -> None:
     mode = 'symlink' if os.environ.get('MST_MM_MIM_COPY') is None else 'copy'
     mim_root = osp.join(ROOT, 'mst_mm', '.mim')
     os.makedirs(mim_root, exist_ok=True)
-    for name in ('configs', 'tools'):
+    for name in MIM_FILES:
         src, dst = osp.join(ROOT, name), osp.join(mim_root, name)
         if osp.islink(dst) or osp.isfile(dst):
             os.remove(dst)
@@ -25,8 +30,10 @@ def add_mim_extension() -> None:
             shutil.rmtree(dst)
         if mode == 'symlink':
             os.symlink(osp.relpath(src, mim_root), dst)
-        else:
+        elif osp.isdir(src):
             shutil.copytree(src, dst)
+        else:
+            shutil.copyfile(src, dst)
 
 
 def read_text(name: str) -> str:
@@ -51,7 +58,7 @@ if __name__ == '__main__':
         long_description_content_type='text/markdown',
         packages=find_packages(exclude=('configs', 'tools', 'tests')),
         include_package_data=True,
-        package_data={'mst_mm': ['.mim/configs/**/*', '.mim/tools/**/*']},
+        package_data={'mst_mm': ['.mim/configs/**/*', '.mim/tools/**/*', '.mim/model-index.yml']},
         python_requires='>=3.8',
         # Loose on purpose: users bring their own CUDA torch and mmcv build.
         # The exact, verified pins live in requirements/*.txt.

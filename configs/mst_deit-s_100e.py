@@ -1,7 +1,3 @@
-# MST, DeiT-S/16, 100 epochs (the paper's ablation schedule, Tables 4-6).
-_base_ = [
-    '_base_/models/mst_deit-s.py',
-    '_base_/datasets/imagenet_mst_multicrop.py',
-    '_base_/schedules/mst_adamw_100e.py',
-    '_base_/default_runtime.py',
-]
+# Moved to configs/mst/mst_deit-s-p16_8xb128-coslr-100e_in1k.py
+# (OpenMMLab naming). This alias keeps the old name working for now; use the new path.
+_base_ = ['./mst/mst_deit-s-p16_8xb128-coslr-100e_in1k.py']

@@ -1,3 +1,3 @@
-# Table 4, "Random Mask": BERT-style masking (Eq. 3) of every patch with the same p = 0.1.
-_base_ = ['../mst_deit-s_100e.py']
-model = dict(mask_cfg=dict(mode='random', p=0.1))
+# Moved to configs/mst/ablations/mst-mask-random_deit-s-p16_8xb128-coslr-100e_in1k.py
+# (OpenMMLab naming). This alias keeps the old name working for now; use the new path.
+_base_ = ['../mst/ablations/mst-mask-random_deit-s-p16_8xb128-coslr-100e_in1k.py']

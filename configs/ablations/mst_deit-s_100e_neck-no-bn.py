@@ -1,3 +1,3 @@
-# Table 5, "w/o BN": DINO's projection head without BatchNorm.
-_base_ = ['../mst_deit-s_100e.py']
-model = dict(neck=dict(with_bn=False))
+# Moved to configs/mst/ablations/mst-neck-no-bn_deit-s-p16_8xb128-coslr-100e_in1k.py
+# (OpenMMLab naming). This alias keeps the old name working for now; use the new path.
+_base_ = ['../mst/ablations/mst-neck-no-bn_deit-s-p16_8xb128-coslr-100e_in1k.py']

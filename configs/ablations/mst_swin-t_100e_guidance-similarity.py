@@ -1,5 +1,3 @@
-# Swin-T guidance ablation (ours; the paper does not say how it guides Swin-T): rank the
-# last-stage cells by cosine similarity to the average token instead of by the attention
-# of the average token (MaskSwin's default 'pooled_query').
-_base_ = ['../mst_swin-t_100e.py']
-model = dict(backbone=dict(guidance='pooled_similarity'))
+# Moved to configs/mst/ablations/mst-guidance-similarity_swin-t-p4-w7_8xb128-coslr-100e_in1k.py
+# (OpenMMLab naming). This alias keeps the old name working for now; use the new path.
+_base_ = ['../mst/ablations/mst-guidance-similarity_swin-t-p4-w7_8xb128-coslr-100e_in1k.py']

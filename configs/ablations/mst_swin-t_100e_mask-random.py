@@ -1,4 +1,3 @@
-# Swin-T with BERT-style masking (Eq. 3) of every last-stage cell with p = 0.1: the baseline
-# that tells whether the Swin guidance helps at all.
-_base_ = ['../mst_swin-t_100e.py']
-model = dict(mask_cfg=dict(mode='random', p=0.1))
+# Moved to configs/mst/ablations/mst-mask-random_swin-t-p4-w7_8xb128-coslr-100e_in1k.py
+# (OpenMMLab naming). This alias keeps the old name working for now; use the new path.
+_base_ = ['../mst/ablations/mst-mask-random_swin-t-p4-w7_8xb128-coslr-100e_in1k.py']
