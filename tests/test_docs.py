@@ -1,0 +1,123 @@
+"""The README is a front page, and every pointer in the documentation resolves in the repository.
+
+Checked: README.md's length, section order and Quick-start commands; in README.md, docs/*.md
+and the configs' READMEs, every relative Markdown link (and its #anchor), and every repository
+path written in code (`configs/...`, `tools/...`).
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / 'README.md'
+DOC_FILES = sorted(
+    [README, *(REPO / 'docs').glob('*.md'), *(REPO / 'configs').rglob('README.md')])
+QUICK_START_COMMANDS = ['bash tools/run_demo.sh', 'bash tools/run_tests.sh']
+FRONT_PAGE_SECTIONS = ['Status', 'Results', 'Quick start', 'Data', 'Pretrain', 'Evaluate',
+                       'Transfer', 'License', 'Citation']
+# Top-level folders whose paths, written in code spans or blocks, must exist.
+REPO_DIRS = ('configs', 'tools', 'mst_mm', 'docs', 'tests', 'requirements')
+
+FENCE = re.compile(r'^```.*?^```', re.M | re.S)
+LINK = re.compile(r'!?\[[^\]]*\]\(([^)\s]+)\)')
+CODE_SPAN = re.compile(r'`([^`\n]+)`')
+REPO_PATH = re.compile(r'(?<![\w./-])((?:%s)/[\w./-]*)' % '|'.join(REPO_DIRS))
+
+
+def doc_id(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, '-' for ' '."""
+    text = re.sub(r'[`*_]', '', heading.strip().lower())
+    text = re.sub(r'[^\w\- ]', '', text)
+    return text.replace(' ', '-')
+
+
+def anchors(path: Path) -> set:
+    text = FENCE.sub('', path.read_text())
+    return {github_anchor(m.group(1)) for m in re.finditer(r'^#+\s+(.*)$', text, re.M)}
+
+
+def relative_links(path: Path) -> list:
+    text = FENCE.sub('', path.read_text())
+    return [t for t in LINK.findall(text) if not re.match(r'[a-z]+:', t)]
+
+
+def code_paths(path: Path) -> list:
+    """Repository paths written in code blocks and code spans, placeholders left out."""
+    text = path.read_text()
+    code = [m.group(0) for m in FENCE.finditer(text)]
+    code += CODE_SPAN.findall(FENCE.sub('', text))
+    found = []
+    for chunk in code:
+        for m in REPO_PATH.finditer(chunk):
+            following = chunk[m.end():m.end() + 1]
+            if following in ('{', '<', '*', '['):   # a pattern such as dist_{train,test}.sh
+                continue
+            found.append(m.group(1).split('::')[0].rstrip('.,:;'))
+    return found
+
+
+def test_readme_is_a_front_page_in_the_usual_order():
+    lines = README.read_text().splitlines()
+    assert len(lines) < 200, f'README.md has {len(lines)} lines: move detail into docs/'
+    sections = [line[3:].strip() for line in lines if line.startswith('## ')]
+    assert [s for s in sections if s in FRONT_PAGE_SECTIONS] == FRONT_PAGE_SECTIONS, sections
+    assert (REPO / 'LICENSE').read_text().count('Apache License') >= 1
+    assert '@inproceedings{' in README.read_text()
+
+
+def test_quick_start_commands_come_first_and_unchanged():
+    text = README.read_text()
+    first_block = FENCE.search(text)
+    assert first_block is not None
+    heading_before = re.findall(r'^## (.*)$', text[:first_block.start()], re.M)[-1]
+    assert heading_before == 'Quick start'
+    commands = [line.split('#')[0].strip() for line in first_block.group(0).splitlines()[1:-1]]
+    assert [c for c in commands if c] == QUICK_START_COMMANDS
+    before = text[:first_block.start()]
+    assert not any(c in before for c in QUICK_START_COMMANDS), (
+        'a Quick-start command appears before the Quick start section')
+
+
+def test_front_page_has_no_development_notes():
+    text = '\n'.join(path.read_text() for path in DOC_FILES)
+    for note in ('ENVIRONMENT.md', 'shared/', 'at an earlier commit', 'before the last'):
+        assert note not in text, note
+
+
+@pytest.mark.parametrize('doc', DOC_FILES, ids=doc_id)
+def test_every_relative_link_resolves(doc):
+    broken = []
+    for target in relative_links(doc):
+        file_part, _, anchor = target.partition('#')
+        resolved = (doc.parent / file_part).resolve() if file_part else doc
+        if REPO.resolve() not in resolved.parents and resolved != REPO.resolve():
+            broken.append(f'{target} (outside the repository)')
+        elif not resolved.exists():
+            broken.append(f'{target} (no such file)')
+        elif anchor and resolved.suffix == '.md' and anchor not in anchors(resolved):
+            broken.append(f'{target} (no heading #{anchor} in {resolved.name})')
+    assert not broken, f'{doc_id(doc)}: {broken}'
+
+
+@pytest.mark.parametrize('doc', DOC_FILES, ids=doc_id)
+def test_every_repository_path_in_code_exists(doc):
+    missing = sorted({p for p in code_paths(doc) if not (REPO / p).exists()})
+    assert not missing, f'{doc_id(doc)} names paths that do not exist: {missing}'
+
+
+def test_the_checks_catch_broken_pointers(tmp_path):
+    doc = tmp_path / 'x.md'
+    doc.write_text('# Top\n\n[ok](#top) [bad](#nowhere) ![img](missing.png)\n\n'
+                   '`configs/mst/` `tools/dist_{train,test}.sh` `configs/nope.py`\n'
+                   '```\n[not a link](in_code.md)\n```\n')
+    assert relative_links(doc) == ['#top', '#nowhere', 'missing.png']
+    assert anchors(doc) == {'top'}
+    assert code_paths(doc) == ['configs/mst/', 'configs/nope.py']
+    assert github_anchor('Is the run learning? Collapse diagnostics') == (
+        'is-the-run-learning-collapse-diagnostics')
