@@ -85,7 +85,7 @@ def test_quick_start_commands_come_first_and_unchanged():
 
 
 def test_front_page_has_no_development_notes():
-    text = '\n'.join(path.read_text() for path in DOC_FILES)
+    text = ' '.join(' '.join(path.read_text().split()) for path in DOC_FILES)
     for note in ('ENVIRONMENT.md', 'shared/', 'at an earlier commit', 'before the last'):
         assert note not in text, note
 
@@ -121,3 +121,16 @@ def test_the_checks_catch_broken_pointers(tmp_path):
     assert code_paths(doc) == ['configs/mst/', 'configs/nope.py']
     assert github_anchor('Is the run learning? Collapse diagnostics') == (
         'is-the-run-learning-collapse-diagnostics')
+
+
+def test_citation_file_and_readme_cite_the_same_paper():
+    import yaml
+
+    with open(REPO / 'CITATION.cff') as f:
+        paper = yaml.safe_load(f)['preferred-citation']
+    bibtex = README.read_text().split('@inproceedings{', 1)[1].split('\n}', 1)[0]
+    authors = re.search(r'author\s*=\s*\{(.*?)\},', bibtex, re.S).group(1)
+    assert [a.split(',')[0].strip() for a in ' '.join(authors.split()).split(' and ')] == [
+        a['family-names'] for a in paper['authors']]
+    assert paper['title'] in bibtex.replace('{MST}', 'MST')
+    assert f"volume    = {{{paper['volume']}}}" in bibtex and str(paper['year']) in bibtex
