@@ -56,6 +56,7 @@ if __name__ == '__main__':
         description='MST (Masked Self-Supervised Transformer) for OpenMMLab',
         long_description=read_text('README.md'),
         long_description_content_type='text/markdown',
+        license='Apache License 2.0',
         packages=find_packages(exclude=('configs', 'tools', 'tests')),
         include_package_data=True,
         package_data={'mst_mm': ['.mim/configs/**/*', '.mim/tools/**/*', '.mim/model-index.yml']},
