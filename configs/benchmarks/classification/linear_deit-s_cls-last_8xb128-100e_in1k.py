@@ -1,13 +1,13 @@
 # Linear probe on the last layer's CLS token of a frozen MST DeiT-S (paper ablations).
 # The MST checkpoint's EMA teacher is loaded directly (prefix 'teacher.module.0.'):
 #   bash tools/dist_train.sh configs/benchmarks/classification/linear_deit-s_cls-last_8xb128-100e_in1k.py 8 \
-#       --cfg-options model.backbone.init_cfg.checkpoint=work_dirs/mst_deit-s_300e/epoch_300.pth
+#       --cfg-options model.backbone.init_cfg.checkpoint=work_dirs/mst_deit-s-p16_8xb128-coslr-300e_in1k/epoch_300.pth
 _base_ = [
     '../../_base_/datasets/imagenet_linear_probe.py',
     '../../_base_/schedules/linear_probe_sgd_100e.py',
     '../../_base_/default_runtime.py',
 ]
-checkpoint = 'work_dirs/mst_deit-s_300e/epoch_300.pth'
+checkpoint = 'work_dirs/mst_deit-s-p16_8xb128-coslr-300e_in1k/epoch_300.pth'
 model = dict(
     type='ImageClassifier',
     backbone=dict(

@@ -3,7 +3,7 @@
 # AdamW (lr 1e-4, weight decay 0.05, 8 GPUs x 2 images), as the paper does.
 #
 #   python tools/model_converters/mst2downstream.py \
-#       work_dirs/mst_swin-t_100e/epoch_100.pth pretrain/mst_swin-t_mmdet.pth --target mmdet
+#       work_dirs/mst_swin-t-p4-w7_8xb128-coslr-100e_in1k/epoch_100.pth pretrain/mst_swin-t_mmdet.pth --target mmdet
 #   tools/dist_train.sh configs/benchmarks/mmdetection/mask-rcnn_mst-swin-t-p4-w7_fpn_1x_coco.py 8
 _base_ = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
 

@@ -3,7 +3,7 @@
 # DeiT-S's (384 channels, 12 layers, 6 heads) and the 40k schedule.
 #
 #   python tools/model_converters/mst2downstream.py \
-#       work_dirs/mst_deit-s_100e/epoch_100.pth pretrain/mst_deit-s_mmseg.pth --target mmseg
+#       work_dirs/mst_deit-s-p16_8xb128-coslr-100e_in1k/epoch_100.pth pretrain/mst_deit-s_mmseg.pth --target mmseg
 #   tools/dist_train.sh \
 #       configs/benchmarks/mmsegmentation/setr_mst-deit-s_naive_8xb1-40k_cityscapes-768x768.py 8
 _base_ = 'mmseg::setr/setr_vit-l_naive_8xb1-80k_cityscapes-768x768.py'
