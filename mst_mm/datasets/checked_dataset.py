@@ -17,7 +17,13 @@ from .image_format import (
     undecodable_reason,
 )
 
-__all__ = ['CheckedImageDataset', 'CheckedImageNet', 'LoadImageOrSkip', 'image_problem']
+__all__ = ['CheckedImageDataset', 'CheckedImageNet', 'LoadImageOrSkip', 'OWN_DATA_HINT',
+           'image_problem']
+
+#: Appended to the layout errors of the datasets that expect one fixed layout.
+OWN_DATA_HINT = ("For a folder of your own images (flat, with class sub-folders, or in "
+                 "ImageNet's layout) use type='PretrainImageFolder', which finds the layout "
+                 'from data_root (the pretraining configs use it; see docs/own_data.md).')
 
 
 @TRANSFORMS.register_module()
@@ -122,6 +128,9 @@ class _CheckedInputs:
         **kwargs: ``CustomDataset``'s arguments.
     """
 
+    #: What the dataset expects under ``data_root``, for its error messages.
+    EXPECTED_LAYOUT = 'images under data_root'
+
     def __init__(self, *args, max_corrupt_images: int = 100, check_files: bool = True,
                  **kwargs) -> None:
         if max_corrupt_images < 0:
@@ -129,23 +138,29 @@ class _CheckedInputs:
         self.max_corrupt_images = max_corrupt_images
         self.check_files = check_files
         self.corrupt_images: List[str] = []
-        root = kwargs.get('data_root', args[0] if args else '')
-        if root and not osp.isdir(root):
-            raise FileNotFoundError(
-                f'data_root {root!r} does not exist (or is not a folder). Point '
-                'train_dataloader.dataset.data_root at a folder of class sub-folders of '
-                'images, e.g. with --cfg-options train_dataloader.dataset.data_root=PATH.')
+        self._check_root(kwargs.get('data_root', args[0] if args else ''))
         super().__init__(*args, **kwargs)
+
+    def _layout_help(self) -> str:
+        """What this dataset expects, and where to go for other layouts."""
+        return f'{type(self).__name__} expects {self.EXPECTED_LAYOUT}. {OWN_DATA_HINT}'
+
+    def _check_root(self, root: str) -> None:
+        if root and '://' not in root and not osp.isdir(root):
+            raise FileNotFoundError(
+                f'data_root {root!r} does not exist (or is not a folder). '
+                f'{self._layout_help()}\nSet it with --cfg-options '
+                'train_dataloader.dataset.data_root=PATH.')
 
     def load_data_list(self) -> List[dict]:
         try:
             data_list = super().load_data_list()
         except RuntimeError as error:  # mmpretrain's "Found 0 files in subfolders of ..."
             raise RuntimeError(f'No images in {self.data_prefix["img_path"]!r}: {error}. '
-                               'Expected <data_root>/<class>/<image>.') from error
+                               f'{self._layout_help()}') from error
         if not data_list:
             raise RuntimeError(f'The dataset at {self.data_root!r} (ann_file '
-                               f'{self.ann_file!r}) lists no images.')
+                               f'{self.ann_file!r}) lists no images. {self._layout_help()}')
         if self.ann_file and self.check_files:
             missing = [d['img_path'] for d in data_list if not osp.isfile(d['img_path'])]
             if missing:
@@ -166,6 +181,9 @@ class _CheckedInputs:
         root = self.img_prefix
         if '://' in root:  # a remote backend: mmpretrain lists it
             return super()._find_samples()
+        if not osp.isdir(root):  # e.g. ImageNet's <data_root>/train for a class folder
+            raise FileNotFoundError(f'The image folder {root!r} does not exist. '
+                                    f'{self._layout_help()}')
         classes, samples, empty_classes, ignored = scan_image_folder(
             root, self.is_valid_file, with_label=self.with_label)
         if ignored.summary():
@@ -175,8 +193,8 @@ class _CheckedInputs:
             if self.CLASSES is not None and len(self.CLASSES) != len(classes):
                 raise ValueError(
                     f"The number of subfolders ({len(classes)}) doesn't match the number "
-                    f'of specified classes ({len(self.CLASSES)}). Please check the data '
-                    'folder.')
+                    f'of specified classes ({len(self.CLASSES)}) in {root!r}. '
+                    f'{self._layout_help()}')
             if self.CLASSES is None:
                 self._metainfo['classes'] = tuple(classes)
         else:
@@ -212,8 +230,16 @@ class CheckedImageDataset(_CheckedInputs, CustomDataset):
     for the rules and the two extra arguments, ``max_corrupt_images`` and ``check_files``).
     """
 
+    EXPECTED_LAYOUT = ('<data_root>/<class>/<image> (one sub-folder per class; with '
+                       'with_label=False, every image under data_root), or an ann_file of '
+                       "'<path> <label>' lines relative to data_root/data_prefix")
+
 
 @DATASETS.register_module()
 class CheckedImageNet(_CheckedInputs, ImageNet):
     """mmpretrain's ``ImageNet``, checked at start-up and tolerant of a few broken images
     (see ``_CheckedInputs``)."""
+
+    EXPECTED_LAYOUT = ("ImageNet-1k's layout: <data_root>/<split>/<wnid>/<image> with the "
+                       "1000 ImageNet classes, optionally listed by <data_root>/meta/<split>.txt "
+                       "('<path> <label>' lines)")

@@ -1,9 +1,15 @@
-# ImageNet-1k train split (mmpretrain's ImageNet format) with MST's multi-crop.
+# The pretraining data with MST's multi-crop: ImageNet-1k's train split by default, or any
+# folder of your own images by changing only data_root (docs/own_data.md):
+#   --cfg-options train_dataloader.dataset.data_root=/path/to/images
+# PretrainImageFolder finds the layout (data_layout='auto'): a flat folder of images (any
+# depth), a folder of class sub-folders, or ImageNet's (<root>/train/ with class folders
+# or meta/train.txt). Labels are not needed. Force one with dataset.data_layout='flat',
+# 'class_folders' or 'imagenet'.
 # Crop scales and counts follow DINO's main_dino.py defaults for ViT-S/16:
 # 2 global crops of 224 px, scale (0.4, 1.0); 8 local crops of 96 px, scale (0.05, 0.4).
 # The image is decoded once per sample, before MultiCrop. Broken images are skipped with a
 # warning (LoadImageOrSkip), up to the dataset's max_corrupt_images; a missing data_root or
-# missing listed images stop the run at start-up (CheckedImageNet).
+# missing listed images stop the run at start-up.
 train_pipeline = [
     dict(type='LoadImageOrSkip'),
     dict(type='MultiCrop', global_size=224, local_size=96, num_local_crops=8,
@@ -22,8 +28,9 @@ train_dataloader = dict(
     sampler=dict(type='DefaultSampler', shuffle=True),
     collate_fn=dict(type='default_collate'),
     dataset=dict(
-        type='CheckedImageNet',
-        max_corrupt_images=100,
+        type='PretrainImageFolder',
         data_root='data/imagenet/',
+        data_layout='auto',
         split='train',
+        max_corrupt_images=100,
         pipeline=train_pipeline))
