@@ -2,25 +2,40 @@
 import os
 import os.path as osp
 import shutil
+import sys
+from typing import Optional
 
 from setuptools import find_packages, setup
 
 ROOT = osp.dirname(osp.abspath(__file__))
 
-
-# What `mim` reads from an installed package: the configs (found by name), the tools it runs,
-# and the model index that `mim search` lists (it imports configs/mst/metafile.yml).
+# What `mim` reads from an installed package: the configs (`mim train mst_mm NAME.py` finds a
+# config by its file name), the tools it runs, and the model index that `mim search` lists (it
+# imports configs/mst/metafile.yml).
 MIM_FILES = ('configs', 'tools', 'model-index.yml')
+MIM_ROOT = osp.join(ROOT, 'mst_mm', '.mim')
 
 
-def add_mim_extension() -> None:
+def mim_mode() -> str:
+    """'copy' when building a wheel or sdist (or with MST_MM_MIM_COPY set), else 'symlink'.
+
+    As in mmpretrain's setup.py: a built package must hold real files, while an editable
+    install links to the repository so that edited configs take effect at once.
+    """
+    building = {'bdist_wheel', 'sdist'} & set(sys.argv)
+    return 'copy' if building or os.environ.get('MST_MM_MIM_COPY') else 'symlink'
+
+
+def add_mim_extension(mim_root: str = MIM_ROOT, mode: Optional[str] = None) -> None:
     """Expose configs/, tools/ and model-index.yml under mst_mm/.mim so that `mim` finds them.
 
-    Editable installs get symlinks; regular builds get copies, as in
-    mmpretrain's own setup.py.
+    Args:
+        mim_root: the folder to fill, `mst_mm/.mim` of this repository by default.
+        mode: 'symlink' or 'copy'; by default :func:`mim_mode` decides.
     """
-    mode = 'symlink' if os.environ.get('MST_MM_MIM_COPY') is None else 'copy'
-    mim_root = osp.join(ROOT, 'mst_mm', '.mim')
+    mode = mode or mim_mode()
+    if mode not in ('symlink', 'copy'):
+        raise ValueError(f"mode must be 'symlink' or 'copy', not {mode!r}")
     os.makedirs(mim_root, exist_ok=True)
     for name in MIM_FILES:
         src, dst = osp.join(ROOT, name), osp.join(mim_root, name)

@@ -1,15 +1,31 @@
-"""Every config builds; the full DeiT-S recipe runs one real training step on CPU."""
+"""Every config builds; the full DeiT-S recipe runs one real training step on CPU.
+
+The pretraining configs live in configs/mst/ with OpenMMLab names, indexed by its metafile.yml
+(read by `mim` through model-index.yml); the old short names are aliases of them.
+"""
+
+import ast
+import importlib.util
+import os
+import re
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from mmengine.config import Config
 from mmengine.dataset import default_collate
 from mmengine.logging import MessageHub
 from mmengine.optim import build_optim_wrapper
 from mmpretrain.registry import DATASETS, MODELS
 
-import mst_mm  # noqa: F401
+import mst_mm
 from tests.helpers import REPO, make_image_folder
+
+MST_DIR = REPO / 'configs' / 'mst'
+SCHEDULE_100E = '8xb128-coslr-100e_in1k'
+# {algorithm}_{backbone}_{gpus}x{batch}[-options]-{epochs}e_{dataset}, as mmpretrain names them
+OPENMMLAB_NAME = re.compile(r'[a-z0-9-]+_[a-z0-9-]+_\d+xb\d+(-[a-z0-9]+)*-\d+e_[a-z0-9-]+')
 
 # The mmdet / mmseg fine-tuning configs have their own scopes (tests/test_downstream.py).
 DOWNSTREAM = ('mmdetection', 'mmsegmentation')
@@ -27,31 +43,116 @@ def test_config_loads_and_names_registered_modules(config):
 
 
 def test_ablations_change_only_what_they_say():
-    base = Config.fromfile(str(REPO / 'configs/mst_deit-s_100e.py'))
-    ablations = REPO / 'configs/ablations'
-    random = Config.fromfile(str(ablations / 'mst_deit-s_100e_mask-random.py'))
+    base = Config.fromfile(str(MST_DIR / f'mst_deit-s-p16_{SCHEDULE_100E}.py'))
+    ablations = MST_DIR / 'ablations'
+    random = Config.fromfile(str(ablations / f'mst-mask-random_deit-s-p16_{SCHEDULE_100E}.py'))
     assert random.model.mask_cfg == dict(num=8, p=0.1, mode='random')
-    dino = Config.fromfile(str(ablations / 'dino_deit-s_100e.py'))
+    dino = Config.fromfile(str(ablations / f'dino_deit-s-p16_{SCHEDULE_100E}.py'))
     assert dino.model.decoder_head is None and dino.model.mask_cfg.mode == 'none'
     assert dino.model.neck.with_bn is False   # DINO's head: no BN
-    dino_bn = Config.fromfile(str(ablations / 'dino_deit-s_100e_neck-bn.py'))
+    dino_bn = Config.fromfile(str(ablations / f'dino-neck-bn_deit-s-p16_{SCHEDULE_100E}.py'))
     assert dino_bn.model.neck == {**dino.model.neck, 'with_bn': True, 'bn_statistics': 'all_crops'}
     assert base.model.neck.bn_statistics == 'global_crops' and base.model.neck.with_bn
-    no_bn = Config.fromfile(str(ablations / 'mst_deit-s_100e_neck-no-bn.py'))
+    no_bn = Config.fromfile(str(ablations / f'mst-neck-no-bn_deit-s-p16_{SCHEDULE_100E}.py'))
     assert no_bn.model.neck.with_bn is False
     assert random.optim_wrapper == base.optim_wrapper
     assert base.train_cfg.max_epochs == 100 and base.param_scheduler[1].end == 100
-    swin = Config.fromfile(str(REPO / 'configs/mst_swin-t_100e.py'))
-    similarity = Config.fromfile(str(ablations / 'mst_swin-t_100e_guidance-similarity.py'))
+    swin = Config.fromfile(str(MST_DIR / f'mst_swin-t-p4-w7_{SCHEDULE_100E}.py'))
+    similarity = Config.fromfile(
+        str(ablations / f'mst-guidance-similarity_swin-t-p4-w7_{SCHEDULE_100E}.py'))
     assert swin.model.backbone.guidance == 'pooled_query'
     assert similarity.model.backbone == {**swin.model.backbone, 'guidance': 'pooled_similarity'}
-    swin_random = Config.fromfile(str(ablations / 'mst_swin-t_100e_mask-random.py'))
+    swin_random = Config.fromfile(
+        str(ablations / f'mst-mask-random_swin-t-p4-w7_{SCHEDULE_100E}.py'))
     assert swin_random.model.mask_cfg.mode == 'random'
     assert swin_random.model.backbone == swin.model.backbone
 
 
-@pytest.mark.parametrize('config, backbone_params', [('configs/mst_deit-s_300e.py', 21.7e6),
-                                                     ('configs/mst_swin-t_100e.py', 27.5e6)])
+def metafile_models() -> list:
+    with open(MST_DIR / 'metafile.yml') as f:
+        return yaml.safe_load(f)['Models']
+
+
+def test_metafile_indexes_every_pretraining_config_by_its_openmmlab_name():
+    models = metafile_models()
+    listed = {m['Config'] for m in models}
+    on_disk = {str(p.relative_to(REPO)) for p in MST_DIR.rglob('*.py')}
+    assert listed == on_disk
+    for model in models:
+        path = Path(model['Config'])
+        assert model['Name'] == path.stem and model['In Collection'] == 'MST'
+        assert OPENMMLAB_NAME.fullmatch(path.stem), path.stem
+        # the `{gpus}x{batch}` of the name is what the config trains with
+        gpus, batch = map(int, re.search(r'_(\d+)xb(\d+)', path.stem).groups())
+        cfg = Config.fromfile(str(REPO / path))
+        assert cfg.train_dataloader.batch_size == batch
+        assert model['Metadata']['Batch Size'] == gpus * batch
+        assert model['Metadata']['Epochs'] == cfg.train_cfg.max_epochs
+        assert f'-{cfg.train_cfg.max_epochs}e_' in path.stem
+    with open(REPO / 'model-index.yml') as f:
+        assert yaml.safe_load(f)['Import'] == ['configs/mst/metafile.yml']
+
+
+def check_mim_layout(mim: Path) -> None:
+    with open(mim / 'model-index.yml') as f:
+        imported = yaml.safe_load(f)['Import']
+    assert all((mim / path).is_file() for path in imported)
+    assert all((mim / m['Config']).is_file() for m in metafile_models())
+    assert (mim / 'tools' / 'train.py').is_file()
+
+
+def test_the_installed_package_exposes_the_model_index_and_the_configs_to_mim():
+    check_mim_layout(Path(mst_mm.__file__).parent / '.mim')
+
+
+def test_mim_finds_every_config_by_file_name_in_a_built_package(tmp_path):
+    spec = importlib.util.spec_from_file_location('mst_mm_setup', REPO / 'setup.py')
+    setup_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup_py)
+    mim = tmp_path / 'mst_mm' / '.mim'
+    setup_py.add_mim_extension(str(mim), mode='copy')   # what a wheel or sdist build does
+    check_mim_layout(mim)
+    # `mim train mst_mm NAME.py` walks the installed package for a file of that name (without
+    # following links) and refuses a name that it finds twice.
+    for model in metafile_models():
+        name = Path(model['Config']).name
+        found = [Path(d) / name for d, _, files in os.walk(tmp_path) if name in files]
+        assert found == [mim / model['Config']], (name, found)
+    with pytest.raises(ValueError, match="mode must be 'symlink' or 'copy'"):
+        setup_py.add_mim_extension(str(mim), mode='hardlink')
+
+
+@pytest.mark.parametrize('name', [m['Name'] for m in metafile_models()])
+def test_metafile_configs_build(name):
+    config = next(m['Config'] for m in metafile_models() if m['Name'] == name)
+    cfg = Config.fromfile(str(REPO / config))
+    model = MODELS.build(cfg.model)
+    assert type(model).__name__ == cfg.model.type == 'MST'
+    assert type(model.backbone).__name__ == cfg.model.backbone.type
+    assert model.head.center.shape == (1, cfg.model.head.out_channels)
+    assert (model.decoder_head is None) == (cfg.model.decoder_head is None)
+
+
+ALIASES = sorted(str(p.relative_to(REPO)) for p in
+                 [*(REPO / 'configs').glob('mst_*.py'), *(REPO / 'configs/ablations').glob('*.py')])
+
+
+@pytest.mark.parametrize('alias', ALIASES)
+def test_old_names_are_aliases_of_the_moved_configs(alias):
+    statements = ast.parse((REPO / alias).read_text()).body
+    assert [t.id for s in statements for t in s.targets] == ['_base_']   # nothing but the base
+    base, = ast.literal_eval(statements[0].value)
+    target = (REPO / alias).parent / base
+    cfg = Config.fromfile(str(REPO / alias))
+    assert MST_DIR in target.resolve().parents, base
+    moved = Config.fromfile(str(target))
+    assert cfg.to_dict() == moved.to_dict()
+    assert 'Moved to configs/mst/' in (REPO / alias).read_text()
+
+
+@pytest.mark.parametrize('config, backbone_params', [
+    ('configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py', 21.7e6),
+    (f'configs/mst/mst_swin-t-p4-w7_{SCHEDULE_100E}.py', 27.5e6)])
 def test_full_recipe_runs_one_step_at_batch_two(config, backbone_params, tmp_path):
     cfg = Config.fromfile(str(REPO / config))
     assert cfg.train_dataloader.batch_size * 8 == 1024

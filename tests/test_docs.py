@@ -23,7 +23,7 @@ REPO_DIRS = ('configs', 'tools', 'mst_mm', 'docs', 'tests', 'requirements')
 FENCE = re.compile(r'^```.*?^```', re.M | re.S)
 LINK = re.compile(r'!?\[[^\]]*\]\(([^)\s]+)\)')
 CODE_SPAN = re.compile(r'`([^`\n]+)`')
-REPO_PATH = re.compile(r'(?<![\w./-])((?:%s)/[\w./-]*)' % '|'.join(REPO_DIRS))
+REPO_PATH = re.compile(r'(?<![\w./-])((?:' + '|'.join(REPO_DIRS) + r')/[\w./-]*)')
 
 
 def doc_id(path: Path) -> str:
