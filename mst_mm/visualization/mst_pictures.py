@@ -1,11 +1,23 @@
-"""What MST sees: attention, masks and reconstruction of one image, as a picture row."""
-from typing import Dict, List, Optional
+"""What MST sees: attention, masks and reconstruction of one image, as a picture row.
+
+The attention panels follow DINO's ``visualize_attention.py``: the teacher's last-layer CLS
+attention over the patches, upsampled to the image (nearest, one block per patch) and laid
+over the image. Here the values are shown on one labelled scale per row, in units of a
+uniform attention (1 = every patch attended equally), with a colour bar, so heads and images
+can be compared; DINO's script rescales every head on its own.
+"""
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..models.utils import attention_mask
+
+# Patch styles, chosen to stay visible when the figure is shrunk to README width: masked
+# patches are filled and hatched, candidates get a thick outline in a contrasting colour.
+MASKED_FACE = (1.0, 0.0, 0.85, 0.6)
+MASKED_HATCH = '////'
+CANDIDATE_EDGE = (1.0, 0.85, 0.0, 1.0)
 
 
 def _to_grid(values: torch.Tensor, grid: tuple) -> np.ndarray:
@@ -14,18 +26,21 @@ def _to_grid(values: torch.Tensor, grid: tuple) -> np.ndarray:
 
 @torch.no_grad()
 def mst_picture_row(model, image: torch.Tensor,
-                    generator: Optional[torch.Generator] = None) -> Dict[str, np.ndarray]:
+                    generator: Optional[torch.Generator] = None,
+                    label: Optional[str] = None) -> Dict[str, np.ndarray]:
     """Everything one row of the picture shows, for a normalised RGB image (3, H, W).
 
     Args:
         model (MST): A (trained) MST model; its teacher gives the attention.
         image (Tensor): The image, normalised as in training.
         generator (torch.Generator, optional): Random source of the two masks.
+        label (str, optional): The row's name (e.g. the class), drawn left of the row.
 
     Returns:
         dict: ``image`` (H, W, 3) uint8, ``attn`` (h, w), ``attn_heads`` (heads, h, w),
-        ``candidates``, ``guided_mask`` and ``random_mask`` (h, w) bool, and
-        ``reconstruction`` (H, W, 3) uint8 (absent without a decoder).
+        ``candidates``, ``guided_mask`` and ``random_mask`` (h, w) bool,
+        ``reconstruction`` (H, W, 3) uint8 (absent without a decoder), ``num`` and ``p``
+        (the mask settings) and ``label``.
     """
     was_training = model.training
     model.eval()
@@ -43,7 +58,8 @@ def mst_picture_row(model, image: torch.Tensor,
         attn_heads=feats.attn_heads[0].reshape(-1, *grid).float().cpu().numpy(),
         candidates=_to_grid(candidates[0], grid).astype(bool),
         guided_mask=_to_grid(guided[0], grid).astype(bool),
-        random_mask=_to_grid(random[0], grid).astype(bool))
+        random_mask=_to_grid(random[0], grid).astype(bool),
+        num=num, p=p, label=label)
     if model.decoder_head is not None:
         student = model.backbone.forward_mst(batch, mask=guided)
         restored = model.decoder_head(student.feat_map)[0]
@@ -60,41 +76,147 @@ def _denormalise(model, image: torch.Tensor) -> np.ndarray:
     return pixels.permute(1, 2, 0).round().byte().cpu().numpy()
 
 
-def _overlay(image: np.ndarray, grid_mask: np.ndarray, shade: float) -> np.ndarray:
-    mask = torch.from_numpy(grid_mask.astype(np.float32))[None, None]
-    mask = F.interpolate(mask, size=image.shape[:2], mode='nearest')[0, 0].numpy() > 0
-    out = image.astype(np.float32)
-    out[mask] = out[mask] * (1 - shade) + 255 * shade * np.array([0.1, 0.3, 1.0])
-    return out.clip(0, 255).astype(np.uint8)
+def upsample_patches(grid_values: np.ndarray, size: Sequence[int]) -> np.ndarray:
+    """Repeat each patch value over its pixels (DINO's nearest upsampling), (h, w) -> size.
+
+    Args:
+        grid_values (np.ndarray): One value per patch, (h, w).
+        size (Sequence[int]): The image's (H, W); each must be a multiple of h, w.
+
+    Returns:
+        np.ndarray: (H, W).
+    """
+    h, w = grid_values.shape
+    if size[0] % h or size[1] % w:
+        raise ValueError(f'A {h} x {w} patch grid does not tile a {size[0]} x {size[1]} '
+                         'image evenly.')
+    return np.kron(grid_values, np.ones((size[0] // h, size[1] // w), grid_values.dtype))
 
 
-def render_rows(rows: List[Dict[str, np.ndarray]], max_heads: int = 6) -> np.ndarray:
-    """Draw rows side by side into an RGB uint8 array (matplotlib, no display needed)."""
-    import matplotlib
-    matplotlib.use('Agg')
+def _grey(image: np.ndarray) -> np.ndarray:
+    # ITU-R 601 luma, the weights PIL's convert('L') uses.
+    return image.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)
+
+
+def _draw_patches(ax, grid_mask: np.ndarray, image_size: Sequence[int], **style) -> None:
+    from matplotlib.patches import Rectangle
+    h, w = grid_mask.shape
+    ph, pw = image_size[0] / h, image_size[1] / w
+    for i, j in zip(*np.nonzero(grid_mask)):
+        # imshow puts pixel centres on integers: the image spans -0.5 .. size - 0.5.
+        ax.add_patch(Rectangle((j * pw - 0.5, i * ph - 0.5), pw, ph, **style))
+
+
+def _draw_mask_panel(ax, row: dict, mask: np.ndarray, candidates: Optional[np.ndarray],
+                     linewidth: float) -> None:
+    ax.imshow(row['image'], interpolation='nearest')
+    size = row['image'].shape[:2]
+    if candidates is not None:
+        _draw_patches(ax, candidates & ~mask, size, fill=False, edgecolor=CANDIDATE_EDGE,
+                      linewidth=linewidth)
+    _draw_patches(ax, mask, size, facecolor=MASKED_FACE, edgecolor='white',
+                  hatch=MASKED_HATCH, linewidth=linewidth / 2)
+
+
+def render_rows(rows: List[Dict[str, np.ndarray]], max_heads: int = 6,
+                labels: Optional[Sequence[Optional[str]]] = None,
+                panel_inches: float = 1.5, dpi: int = 110) -> np.ndarray:
+    """Draw rows one under another into an RGB uint8 array (matplotlib, no display needed).
+
+    See :func:`draw_rows` for the columns and arguments.
+
+    Returns:
+        np.ndarray: (height, width, 3) uint8.
+    """
+    fig = draw_rows(rows, max_heads=max_heads, labels=labels, panel_inches=panel_inches,
+                    dpi=dpi)
     import matplotlib.pyplot as plt
-
-    heads = min(max_heads, rows[0]['attn_heads'].shape[0])
-    titles = ['input', 'attention (mean)'] + [f'head {h}' for h in range(heads)] + [
-        'guided mask', 'random mask', 'reconstruction']
-    fig, axes = plt.subplots(len(rows), len(titles), squeeze=False,
-                             figsize=(1.6 * len(titles), 1.7 * len(rows)))
-    for r, row in enumerate(rows):
-        panels = [row['image'], row['attn'], *row['attn_heads'][:heads],
-                  _overlay(_overlay(row['image'], row['candidates'], 0.25),
-                           row['guided_mask'], 0.8),
-                  _overlay(row['image'], row['random_mask'], 0.8),
-                  row.get('reconstruction')]
-        for ax, title, panel in zip(axes[r], titles, panels):
-            ax.axis('off')
-            if panel is None:
-                continue
-            ax.imshow(panel, cmap='inferno' if panel.ndim == 2 else None,
-                      interpolation='nearest')
-            if r == 0:
-                ax.set_title(title, fontsize=7)
-    fig.tight_layout()
     fig.canvas.draw()
     picture = np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
     plt.close(fig)
     return picture
+
+
+def draw_rows(rows: List[Dict[str, np.ndarray]], max_heads: int = 6,
+              labels: Optional[Sequence[Optional[str]]] = None,
+              panel_inches: float = 1.5, dpi: int = 110):
+    """The matplotlib figure of :func:`render_rows`, one row per image.
+
+    Columns: the input; the mean and per-head attention laid over the grey image, on one
+    scale per row (attention / uniform) with its colour bar; the attention-guided mask
+    (candidates outlined, masked patches filled and hatched) and a random mask at the same
+    ``p``; the reconstruction from the guided-masked image. A legend names the patch styles.
+
+    Args:
+        rows (list[dict]): :func:`mst_picture_row` results.
+        max_heads (int): Heads drawn at most. Defaults to 6.
+        labels (Sequence[str | None], optional): A name per row (e.g. its class), drawn
+            left of the row; defaults to each row's ``label``.
+        panel_inches (float): Width of one panel. Defaults to 1.5.
+        dpi (int): Resolution. Defaults to 110.
+
+    Returns:
+        matplotlib.figure.Figure: Close it with ``plt.close`` when done.
+    """
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    labels = list(labels) if labels is not None else [row.get('label') for row in rows]
+    if len(labels) != len(rows):
+        raise ValueError(f'{len(labels)} labels for {len(rows)} rows.')
+    heads = min(max_heads, rows[0]['attn_heads'].shape[0])
+    has_reconstruction = any('reconstruction' in row for row in rows)
+    num, p = rows[0].get('num'), rows[0].get('p')
+    rule = f' (num={num}, p={p})' if num is not None else ''
+    titles = (['input', 'attention, mean\nof heads'] + [f'head {h}' for h in range(heads)]
+              + ['attention-guided\nmask' + rule, 'random mask\n(same p)'])
+    if has_reconstruction:
+        titles.append('reconstruction\n(guided mask)')
+    attn_columns = range(1, 2 + heads)
+    width_ratios = [1] * len(titles) + [0.07]
+    fig, axes = plt.subplots(
+        len(rows), len(titles) + 1, squeeze=False, dpi=dpi,
+        gridspec_kw=dict(width_ratios=width_ratios, wspace=0.06, hspace=0.12),
+        figsize=(panel_inches * (len(titles) + 0.5), panel_inches * len(rows) + 0.9))
+    linewidth = max(1.5, 2.2 * panel_inches)  # points; thick enough to survive shrinking
+    for r, row in enumerate(rows):
+        image = row['image']
+        size = image.shape[:2]
+        uniform = 1.0 / row['attn'].size
+        maps = [row['attn'], *row['attn_heads'][:heads]]
+        vmax = max(float(m.max()) for m in maps) / uniform
+        grey = _grey(image)
+        axes[r, 0].imshow(image, interpolation='nearest')
+        for c, grid_map in zip(attn_columns, maps):
+            ax = axes[r, c]
+            ax.imshow(grey, cmap='gray', vmin=0, vmax=255, interpolation='nearest')
+            heat = ax.imshow(upsample_patches(grid_map / uniform, size), cmap='inferno',
+                             vmin=0, vmax=vmax, alpha=0.7, interpolation='nearest')
+        column = 2 + heads
+        _draw_mask_panel(axes[r, column], row, row['guided_mask'], row['candidates'],
+                         linewidth)
+        _draw_mask_panel(axes[r, column + 1], row, row['random_mask'], None, linewidth)
+        if 'reconstruction' in row:
+            axes[r, column + 2].imshow(row['reconstruction'], interpolation='nearest')
+        colorbar = fig.colorbar(heat, cax=axes[r, -1])
+        colorbar.ax.tick_params(labelsize=6)
+        colorbar.set_label('attention / uniform', fontsize=6)
+        for c, ax in enumerate(axes[r, :-1]):
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(titles[c], fontsize=7)
+        if labels[r]:
+            axes[r, 0].set_ylabel(labels[r], fontsize=8)
+    fig.legend(handles=[
+        Patch(facecolor=MASKED_FACE, edgecolor='white', hatch=MASKED_HATCH,
+              label='masked patch (the student sees [MASK])'),
+        Patch(facecolor='none', edgecolor=CANDIDATE_EDGE, linewidth=2,
+              label='candidate, not masked: among the 1/num patches the teacher attends '
+                    'least'),
+    ], loc='lower center', ncol=2, fontsize=7, frameon=False)
+    fig.subplots_adjust(left=0.04, right=0.95, top=1 - 0.45 / fig.get_figheight(),
+                        bottom=0.35 / fig.get_figheight())
+    return fig
