@@ -11,6 +11,9 @@ optim_wrapper = dict(
     # DINO's gradient rules: per-parameter clipping, and the frozen last layer's gradient
     # cancelled before the update (FreezeLastLayerHook). `--amp` picks its AMP twin.
     type='DINOOptimWrapper',
+    # mmengine's constructor, without a warning for each EMA-teacher parameter (the
+    # optimiser never sees them either way): the same parameter groups.
+    constructor='StudentOptimWrapperConstructor',
     optimizer=dict(type='AdamW', lr=base_lr, betas=(0.9, 0.999), weight_decay=0.04),
     # Each parameter's own gradient norm clipped to 3.0, as DINO's `clip_gradients`;
     # mmengine's global-norm clipping stays available as dict(type='norm', max_norm=3.0).
@@ -31,7 +34,9 @@ param_scheduler = [
          by_epoch=True, begin=0, end=max_epochs, convert_to_iter_based=True),
 ]
 
-train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs)
+# mmengine's EpochBasedTrainLoop that can also resume from a rolling checkpoint saved
+# inside an epoch (SafeCheckpointHook with latest_by_epoch=False).
+train_cfg = dict(type='MidEpochResumeTrainLoop', max_epochs=max_epochs)
 custom_hooks = [
     dict(type='TeacherTempWarmupHook', start=0.04, end=0.07, warmup_epochs=30),
     dict(type='FreezeLastLayerHook', freeze_epochs=1),

@@ -137,8 +137,11 @@ class RandomStateHook(Hook):
         self._pending = states[rank] if rank < len(states) else None
 
     def before_train(self, runner) -> None:
-        self._gather_every_iter = any(isinstance(hook, CheckpointHook) and not hook.by_epoch
-                                      for hook in runner.hooks)
+        # SafeCheckpointHook's rolling checkpoint may save by iterations on its own.
+        self._gather_every_iter = any(
+            isinstance(hook, CheckpointHook)
+            and not (hook.by_epoch and getattr(hook, 'latest_by_epoch', True))
+            for hook in runner.hooks)
         if self._pending is not None:
             state, self._pending = self._pending, None
             set_rng_state(state)

@@ -1,7 +1,10 @@
-"""Checkpoints that a kill during the save cannot take away, in a work dir that can move."""
+"""Checkpoints that a kill during the save cannot take away, in a work dir that can move,
+and a rolling latest checkpoint so that a pre-emption costs at most one epoch."""
 import logging
 import os
 import os.path as osp
+import re
+from typing import Optional
 
 from mmengine.dist import is_main_process
 from mmengine.fileio.backends import LocalBackend
@@ -9,7 +12,10 @@ from mmengine.hooks import CheckpointHook
 from mmengine.logging import print_log
 from mmpretrain.registry import HOOKS
 
+from ..errors import ConfigValueError
 from ..resume import POINTER, find_resume_checkpoint
+
+_STEP_LIKE = re.compile(r'^(epoch|iter)_\d+\.pth$')
 
 
 def _replace_atomically(tmp_path: str, path: str) -> None:
@@ -41,14 +47,49 @@ class SafeCheckpointHook(CheckpointHook):
     through :func:`mst_mm.engine.resume.find_resume_checkpoint`, also when the Runner is
     used without ``tools/train.py``.
 
-    Other storage backends keep mmengine's behaviour. Arguments are ``CheckpointHook``'s.
+    Rolling latest checkpoint. Besides the kept checkpoints (every ``interval`` epochs,
+    ``max_keep_ckpts`` of them), ``latest.pth`` is rewritten every ``latest_interval``
+    epochs (or iterations, with ``latest_by_epoch=False``), the same safe way, and
+    ``last_checkpoint`` points at it, so ``--resume`` continues from the newest state and a
+    pre-emption costs at most ``latest_interval`` epochs instead of ``interval``. DINO
+    rewrites its ``checkpoint.pth`` every epoch for the same reason. At a step that saves a
+    kept checkpoint anyway, no latest one is written, and the now older ``latest.pth`` is
+    deleted once the kept one is in place: there is one newest state, under one name. It
+    is not counted in ``max_keep_ckpts``. A ``latest.pth`` that this run did not resume
+    from (an earlier attempt's, one that auto-resume skipped as unusable) is kept aside as
+    ``latest.pth.previous`` before the first rewrite, never written over.
+
+    Other storage backends keep mmengine's behaviour, without the rolling checkpoint.
+
+    Args:
+        latest_interval (int): Rewrite ``latest.pth`` every this many epochs (or
+            iterations); 0 turns the rolling checkpoint off. Defaults to 1.
+        latest_by_epoch (bool, optional): Count ``latest_interval`` in epochs (True) or
+            iterations (False). Iterations need a train loop that resumes in the middle of
+            an epoch (``IterBasedTrainLoop``, or ``MidEpochResumeTrainLoop`` for epoch-based
+            configs, as the MST schedules use). Defaults to None, the hook's ``by_epoch``.
+        latest_filename (str): The rolling checkpoint's name. Defaults to ``'latest.pth'``.
+        *args, **kwargs: ``CheckpointHook``'s arguments.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, latest_interval: int = 1, latest_by_epoch: Optional[bool] = None,
+                 latest_filename: str = 'latest.pth', **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if not isinstance(latest_interval, int) or latest_interval < 0:
+            raise ValueError(f'latest_interval must be an int >= 0 (0 turns the rolling '
+                             f'latest checkpoint off), got {latest_interval!r}.')
+        if not latest_filename.endswith('.pth') or osp.basename(latest_filename) != \
+                latest_filename or _STEP_LIKE.match(latest_filename):
+            raise ValueError(f'latest_filename must be a plain *.pth file name that is not '
+                             f'of the form epoch_N.pth / iter_N.pth, got {latest_filename!r}.')
+        self.latest_interval = latest_interval
+        self.latest_by_epoch = self.by_epoch if latest_by_epoch is None else latest_by_epoch
+        self.latest_filename = latest_filename
         # The checkpoints saved by this process, which it may replace (a best-checkpoint
         # update saves the same step twice); any other existing file is kept aside.
         self._written = set()
+        # Completed iterations at the last save of either kind: a step is saved once.
+        self._saved_at_iter: Optional[int] = None
 
     def before_run(self, runner) -> None:
         """Resolve auto-resume's ``last_checkpoint`` in the work dir.
@@ -69,6 +110,7 @@ class SafeCheckpointHook(CheckpointHook):
             runner (Runner): The runner.
         """
         super().before_train(runner)
+        self._check_loop_resumes_mid_epoch(runner)
         # The best checkpoint's path comes from the resumed message hub. In a copied work
         # dir it names the original's file, which mmengine would delete when a new best
         # arrives: point it at the same-named file here instead.
@@ -77,6 +119,25 @@ class SafeCheckpointHook(CheckpointHook):
         for key, path in getattr(self, 'best_ckpt_path_dict', {}).items():
             if path:
                 self.best_ckpt_path_dict[key] = self._rebased(path)
+
+    def _check_loop_resumes_mid_epoch(self, runner) -> None:
+        # A checkpoint saved inside an epoch is only worth writing if the loop can resume
+        # from it; mmengine's EpochBasedTrainLoop would train that epoch again from its start.
+        from mmengine.runner import EpochBasedTrainLoop
+
+        from ..loops import MidEpochResumeTrainLoop
+        loop = runner.train_loop
+        if (self._rolls() and not self.latest_by_epoch
+                and isinstance(loop, EpochBasedTrainLoop)
+                and not isinstance(loop, MidEpochResumeTrainLoop)):
+            raise ConfigValueError(
+                f'{type(self).__name__}(latest_by_epoch=False) saves the rolling checkpoint '
+                f'every {self.latest_interval} iterations, inside epochs, but '
+                f'{type(loop).__name__} resumes only at epoch starts: it would train the '
+                "interrupted epoch again from its start. Set train_cfg.type="
+                "'MidEpochResumeTrainLoop' (mst_mm's EpochBasedTrainLoop that resumes "
+                'mid-epoch), or count the rolling checkpoint in epochs '
+                '(default_hooks.checkpoint.latest_by_epoch=True).')
 
     def _keep_earlier_file(self, path: str) -> None:
         # A run that resumed from an earlier checkpoint (by choice, or because auto-resume
@@ -102,6 +163,34 @@ class SafeCheckpointHook(CheckpointHook):
             return here
         return path
 
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        """mmengine's saving by iterations, then the rolling checkpoint if it counts them.
+
+        Args:
+            runner (Runner): The runner.
+            batch_idx (int): The batch's index in the epoch.
+            data_batch (dict | tuple | list, optional): The batch.
+            outputs (dict, optional): The model's outputs.
+        """
+        super().after_train_iter(runner, batch_idx, data_batch, outputs)
+        if (self._rolls() and not self.latest_by_epoch
+                and self.every_n_train_iters(runner, self.latest_interval)):
+            self._save_latest(runner, dict(epoch=runner.epoch, iter=runner.iter + 1))
+
+    def after_train_epoch(self, runner) -> None:
+        """mmengine's saving by epochs, then the rolling checkpoint if it counts epochs.
+
+        Args:
+            runner (Runner): The runner.
+        """
+        super().after_train_epoch(runner)
+        if (self._rolls() and self.latest_by_epoch
+                and self.every_n_epochs(runner, self.latest_interval)):
+            self._save_latest(runner, dict(epoch=runner.epoch + 1, iter=runner.iter))
+
+    def _rolls(self) -> bool:
+        return self.latest_interval > 0 and isinstance(self.file_backend, LocalBackend)
+
     def _save_checkpoint_with_step(self, runner, step, meta) -> None:
         if not isinstance(self.file_backend, LocalBackend):
             return super()._save_checkpoint_with_step(runner, step, meta)
@@ -118,22 +207,60 @@ class SafeCheckpointHook(CheckpointHook):
         filename = self.filename_tmpl.format(step)
         self.last_ckpt = osp.join(self.out_dir, filename)
         runner.message_hub.update_info('last_ckpt', self.last_ckpt)
+        self._saved_at_iter = meta.get('iter')
+        if not self._write_safely(runner, filename, meta):
+            return
+        # The kept checkpoint is now the newest state: an older rolling one only misleads.
+        latest = osp.join(self.out_dir, self.latest_filename)
+        if osp.isfile(latest):
+            if latest in self._written or self._resumed_from(runner, latest):
+                os.remove(latest)
+                self._written.discard(latest)
+            else:
+                self._keep_earlier_file(latest)
+        if outdated is not None:
+            old = osp.join(self.out_dir, self.filename_tmpl.format(outdated))
+            if osp.isfile(old):
+                os.remove(old)
+
+    def _save_latest(self, runner, meta: dict) -> None:
+        """Rewrite the rolling checkpoint, unless a kept one holds this very step."""
+        if meta['iter'] == self._saved_at_iter:
+            return
+        latest = osp.join(self.out_dir, self.latest_filename)
+        if self._resumed_from(runner, latest):
+            self._written.add(latest)  # its state lives on in this run: rewrite it
+        runner.logger.info(f'Saving the rolling checkpoint {self.latest_filename} at '
+                           f'{meta["epoch"]} epochs, {meta["iter"]} iterations')
+        self._saved_at_iter = meta['iter']
+        self._write_safely(runner, self.latest_filename, meta)
+
+    def _write_safely(self, runner, filename: str, meta: dict) -> bool:
+        """Write ``filename`` in ``out_dir`` through a partial file, then point at it.
+
+        Returns:
+            bool: True on the main process, which owns the files; False elsewhere.
+        """
         partial = f'.{filename}.partial'
         runner.save_checkpoint(
             self.out_dir, partial, self.file_client_args, save_optimizer=self.save_optimizer,
             save_param_scheduler=self.save_param_scheduler, meta=meta, by_epoch=self.by_epoch,
             backend_args=self.backend_args, **self.args)
         if not is_main_process():
-            return
-        self._keep_earlier_file(self.last_ckpt)
-        _replace_atomically(osp.join(self.out_dir, partial), self.last_ckpt)
-        self._written.add(self.last_ckpt)
+            return False
+        path = osp.join(self.out_dir, filename)
+        self._keep_earlier_file(path)
+        _replace_atomically(osp.join(self.out_dir, partial), path)
+        self._written.add(path)
         pointer = osp.join(runner.work_dir, POINTER)
         with open(pointer + '.partial', 'w') as f:
             # Relative to the work dir, so that the pointer moves with it.
-            f.write(osp.relpath(self.last_ckpt, runner.work_dir))
+            f.write(osp.relpath(path, runner.work_dir))
         _replace_atomically(pointer + '.partial', pointer)
-        if outdated is not None:
-            old = osp.join(self.out_dir, self.filename_tmpl.format(outdated))
-            if osp.isfile(old):
-                os.remove(old)
+        return True
+
+    @staticmethod
+    def _resumed_from(runner, path: str) -> bool:
+        source = getattr(runner, '_load_from', None)
+        return (bool(getattr(runner, '_resume', False)) and isinstance(source, str)
+                and osp.realpath(source) == osp.realpath(path))
