@@ -17,7 +17,9 @@ from .errors import (
     CheckpointError,
     CheckpointNotFoundError,
     ConfigOptionError,
+    ConfigValueError,
     IncompleteCheckpointError,
+    NotATestConfigError,
     NotATrainingCheckpointError,
     UnreadableCheckpointError,
     UnsafeCheckpointError,
@@ -25,6 +27,8 @@ from .errors import (
 )
 from .hooks import *  # noqa: F401,F403
 from .knn_loop import KNNTestLoop
+from .loops import MidEpochResumeTrainLoop
+from .optim_constructor import StudentOptimWrapperConstructor
 from .optimizers import AMP_OPTIM_WRAPPERS, DINOAmpOptimWrapper, DINOOptimWrapper
 from .resume import check_training_checkpoint, find_resume_checkpoint, read_last_checkpoint
 from .safe_loading import (
@@ -40,11 +44,13 @@ install_weights_only_loader()
 __all__ = [
     'AMP_OPTIM_WRAPPERS', 'CPUSyncBatchNorm', 'CheckedDictAction', 'CheckedPretrainedInit',
     'CheckedRunner', 'CheckpointError', 'CheckpointNotFoundError', 'ConfigOptionError',
-    'DINOAmpOptimWrapper', 'DINOOptimWrapper', 'DeviceAgnosticDDP', 'IncompleteCheckpointError',
-    'KNNTestLoop', 'LoadReport', 'NotATrainingCheckpointError', 'UnreadableCheckpointError',
-    'UnsafeCheckpointError', 'UserInputError', 'add_cfg_options_argument',
-    'allow_mmengine_checkpoint_globals', 'check_cfg_options', 'check_training_checkpoint',
-    'find_resume_checkpoint', 'init_cpu_distributed', 'install_weights_only_loader',
-    'load_local_checkpoint', 'load_state_dict_checked', 'merge_cfg_options',
-    'raise_if_incomplete', 'read_checkpoint', 'read_last_checkpoint', 'run_tool'
+    'ConfigValueError', 'DINOAmpOptimWrapper', 'DINOOptimWrapper', 'DeviceAgnosticDDP',
+    'IncompleteCheckpointError', 'KNNTestLoop', 'LoadReport', 'MidEpochResumeTrainLoop',
+    'NotATestConfigError', 'NotATrainingCheckpointError', 'StudentOptimWrapperConstructor',
+    'UnreadableCheckpointError', 'UnsafeCheckpointError', 'UserInputError',
+    'add_cfg_options_argument', 'allow_mmengine_checkpoint_globals', 'check_cfg_options',
+    'check_training_checkpoint', 'find_resume_checkpoint', 'init_cpu_distributed',
+    'install_weights_only_loader', 'load_local_checkpoint', 'load_state_dict_checked',
+    'merge_cfg_options', 'raise_if_incomplete', 'read_checkpoint', 'read_last_checkpoint',
+    'run_tool'
 ]

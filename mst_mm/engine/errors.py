@@ -39,3 +39,11 @@ class NotATrainingCheckpointError(CheckpointError, ValueError):
 
 class IncompleteCheckpointError(CheckpointError, ValueError):
     """A checkpoint that leaves weights of the model at their random initialisation."""
+
+
+class NotATestConfigError(UserInputError, ValueError):
+    """A config that has nothing to test (no test split or metric), e.g. a pretraining one."""
+
+
+class ConfigValueError(UserInputError, ValueError):
+    """A config setting that cannot work as given; the message names it and the fix."""

@@ -3,6 +3,8 @@ from .dino_schedule_hooks import FreezeLastLayerHook, TeacherTempWarmupHook
 from .mst_visualization_hook import MSTVisualizationHook
 from .random_state_hook import RandomStateHook
 from .safe_checkpoint_hook import SafeCheckpointHook
+from .schedule_logger_hook import ScheduleLoggerHook, ema_momentum
 
 __all__ = ['CollapseMonitorHook', 'FreezeLastLayerHook', 'MSTVisualizationHook', 'RandomStateHook',
-           'SafeCheckpointHook', 'TeacherTempWarmupHook', 'collapse_mode']
+           'SafeCheckpointHook', 'ScheduleLoggerHook', 'TeacherTempWarmupHook', 'collapse_mode',
+           'ema_momentum']

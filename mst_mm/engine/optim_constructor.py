@@ -1,0 +1,104 @@
+"""An optimiser constructor that leaves the EMA teacher out instead of warning about it, and
+summarises the per-parameter settings instead of listing them on the console.
+
+mmengine's ``DefaultOptimWrapperConstructor`` walks every parameter of the model when a
+``paramwise_cfg`` is set, and for each one that does not require a gradient logs a warning
+"... is skipped since its requires_grad=False". MST's EMA teacher (mmengine's
+``BaseAveragedModel``) is never trained by the optimiser, only averaged from the student
+by the algorithm, so a run opened with one such warning per teacher parameter. mmengine's
+constructor has no option to leave a sub-module out, so this subclass adds one rule:
+averaged models are not walked (one DEBUG line says how many parameters that leaves out).
+The parameter groups, their order and their lr / weight decay are exactly mmengine's:
+those parameters were skipped before too, only noisily. A parameter of the student that
+is frozen on purpose still gets mmengine's warning.
+
+mmengine also logs one INFO line "paramwise_options -- NAME:KEY=VALUE" per setting of every
+parameter that ``paramwise_cfg`` touches: 118 lines on the console for DeiT-S (every bias
+and norm gets ``weight_decay=0.0``). Here the console gets one line that counts them, and
+the full list goes to the run's log file, as mmengine does with its initialisation dump.
+"""
+import collections
+import logging
+from typing import List, Optional, Union
+
+from mmengine.logging import MMLogger, print_log
+from mmengine.model import BaseAveragedModel
+from mmengine.optim import DefaultOptimWrapperConstructor, OptimWrapper
+from mmpretrain.registry import OPTIM_WRAPPER_CONSTRUCTORS
+from torch import nn
+
+_PARAMWISE = 'paramwise_options -- '
+
+
+@OPTIM_WRAPPER_CONSTRUCTORS.register_module()
+class StudentOptimWrapperConstructor(DefaultOptimWrapperConstructor):
+    """mmengine's ``DefaultOptimWrapperConstructor`` that does not walk averaged models.
+
+    Use it with ``optim_wrapper=dict(constructor='StudentOptimWrapperConstructor', ...)``;
+    every other argument is ``DefaultOptimWrapperConstructor``'s.
+    """
+
+    def __call__(self, model: nn.Module) -> OptimWrapper:
+        """Build the optimiser wrapper as mmengine does, with a summary of its settings.
+
+        Args:
+            model (nn.Module): The model (or its DDP wrapper).
+
+        Returns:
+            OptimWrapper: mmengine's wrapper around the optimiser.
+        """
+        logger = MMLogger.get_current_instance()
+        details: List[str] = []
+
+        def divert(record: logging.LogRecord) -> bool:
+            message = record.getMessage()
+            if message.startswith(_PARAMWISE):
+                details.append(message[len(_PARAMWISE):])
+                return False
+            return True
+
+        logger.addFilter(divert)
+        try:
+            optim_wrapper = super().__call__(model)
+        finally:
+            logger.removeFilter(divert)
+        if details:
+            _log_paramwise_details(logger, details)
+        return optim_wrapper
+
+    def add_params(self, params: List[dict], module: nn.Module, prefix: str = '',
+                   is_dcn_module: Optional[Union[int, float]] = None) -> None:
+        """mmengine's ``add_params``, except that an EMA model adds nothing.
+
+        Args:
+            params (list[dict]): The parameter groups, extended in place.
+            module (nn.Module): The module whose parameters are added.
+            prefix (str): The module's name in the model. Defaults to ''.
+            is_dcn_module (int | float, optional): As in mmengine. Defaults to None.
+        """
+        if isinstance(module, BaseAveragedModel):
+            count = sum(p.numel() for p in module.parameters())
+            print_log(f'{prefix or type(module).__name__}: an averaged model '
+                      f'({type(module).__name__}, {count:,} values) follows the trained '
+                      'parameters through its update rule; left out of the optimiser.',
+                      logger='current', level=logging.DEBUG)
+            return
+        super().add_params(params, module, prefix, is_dcn_module)
+
+
+def _log_paramwise_details(logger: logging.Logger, details: List[str]) -> None:
+    """One console line counting the settings; every ``NAME:KEY=VALUE`` in the log file."""
+    counts = collections.Counter(detail.split(':', 1)[-1] for detail in details)
+    names = {detail.split(':', 1)[0] for detail in details}
+    files = [h for h in logger.handlers if isinstance(h, logging.FileHandler)]
+    for handler in files:  # mmengine writes its initialisation dump the same way
+        handler.stream.write('paramwise_options - parameter:setting\n'
+                             + ''.join(f'{detail}\n' for detail in details))
+        handler.stream.flush()
+    where = ('listed in the log file' if files else 'listed at DEBUG level (no log file)')
+    print_log(f'paramwise_cfg settings of {len(names)} parameter tensors: '
+              + ', '.join(f'{setting} x{count}' for setting, count in sorted(counts.items()))
+              + f'; every tensor is {where}.', logger=logger, level=logging.INFO)
+    if not files:
+        print_log('paramwise_options:\n' + '\n'.join(details), logger=logger,
+                  level=logging.DEBUG)
