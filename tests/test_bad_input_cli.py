@@ -85,3 +85,44 @@ def test_mismatched_widths_stop_the_run_at_build_time_naming_the_keys(tmp_path):
             'outputs 96 channels: set model.decoder_head.in_channels=96.'):
         assert line in log, log[-3000:]
     assert 'Epoch(train)' not in log and 'mat1 and mat2' not in log
+
+
+def test_test_py_on_a_pretraining_config_says_what_to_run_instead(tmp_path):
+    checkpoint = tmp_path / 'epoch_10.pth'   # never opened: the config is refused first
+    cmd = [sys.executable, str(REPO / 'tools' / 'test.py'), DEMO_CONFIG, str(checkpoint)]
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert 'is a pretraining config (model type MST)' in result.stderr
+    # The k-NN config of the same (demo) backbone, with the checkpoint filled in; the DeiT-S
+    # benchmarks do not fit the demo's tiny ViT and are not offered.
+    assert ('python tools/analysis/knn_eval.py configs/benchmarks/knn/knn_vit-tiny_demo.py '
+            f'{checkpoint}') in result.stderr
+    assert 'deit-s' not in result.stderr
+    assert f'--resume {checkpoint}' in result.stderr
+    assert '_test_loop' not in result.stderr and 'Traceback' not in result.stderr
+
+
+def test_check_test_config_offers_the_benchmarks_of_the_same_backbone():
+    import pytest
+    from mmengine.config import Config
+
+    from mst_mm.engine import NotATestConfigError
+    from mst_mm.engine.cli import check_test_config
+    cfg = Config(dict(model=dict(type='MST')))
+    with pytest.raises(NotATestConfigError) as error:
+        check_test_config(cfg, 'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py', 'C.pth')
+    message = str(error.value)
+    for expected in (
+            'knn_eval.py configs/benchmarks/knn/knn_deit-s_in1k.py C.pth',
+            'tools/train.py configs/benchmarks/classification/'
+            'linear_deit-s_cls-last_8xb128-100e_in1k.py --cfg-options '
+            'model.backbone.init_cfg.checkpoint=C.pth',
+            'mst2downstream.py C.pth BACKBONE.pth --target mmseg, then train '
+            'configs/benchmarks/mmsegmentation/'):
+        assert expected in message, message
+    assert 'swin' not in message and 'vit-tiny' not in message
+    # A config with a test split passes; one without and no MST says what it lacks.
+    check_test_config(Config(dict(test_dataloader=dict(), test_evaluator=dict())), 'x.py', 'c')
+    with pytest.raises(NotATestConfigError, match='x.py has no test_evaluator'):
+        check_test_config(Config(dict(model=dict(type='ImageClassifier'),
+                                      test_dataloader=dict())), 'x.py', 'c')

@@ -122,3 +122,39 @@ def test_knn_eval_tool_prints_and_writes_json(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match='does not exist'):
         tool.main([str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py'),
                    str(tmp_path / 'missing.pth')])
+
+
+def test_knn_eval_with_two_processes_gives_the_single_process_numbers(tmp_path):
+    """--launcher pytorch: two gloo processes share the embedding, rank 0 votes and writes."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO, load_tool, make_image_folder
+    from tests.test_distributed import free_port
+    mst, _ = _tiny_mst_and_embedder()
+    ckpt = tmp_path / 'mst.pth'
+    torch.save({'state_dict': mst.state_dict()}, ckpt)
+    # Odd sizes: the distributed samplers pad, and the padding must not vote.
+    make_image_folder(tmp_path / 'd' / 'train', classes=3, per_class=3)
+    make_image_folder(tmp_path / 'd' / 'val', classes=3, per_class=1, seed=3)
+    args = [str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py'), str(ckpt),
+            '--ks', '1', '3', '--cfg-options',
+            f'test_dataloader.dataset.data_root={tmp_path / "d" / "val"}',
+            f'test_cfg.train_dataloader.dataset.data_root={tmp_path / "d" / "train"}',
+            'test_dataloader.batch_size=2', 'test_cfg.train_dataloader.batch_size=2']
+    single = load_tool('tools/analysis/knn_eval.py').main(
+        [*args[:2], '--out', str(tmp_path / 'one.json'), '--work-dir', str(tmp_path / 'w1'),
+         *args[2:]])
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS='1')
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
+           '--master_port', str(free_port()), str(REPO / 'tools/analysis/knn_eval.py'),
+           *args[:2], '--launcher', 'pytorch', '--out', str(tmp_path / 'two.json'),
+           '--work-dir', str(tmp_path / 'w2'), *args[2:]]
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / 'two.json').read_text()) == json.loads(
+        (tmp_path / 'one.json').read_text()) == {f'top1_k{k}': v for k, v in single.items()}
+    assert result.stdout.count('|   k | top-1 (%) |') == 1   # rank 0 alone prints

@@ -50,14 +50,25 @@ KS = (10, 20)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description='MST Quick-start demo')
-    parser.add_argument('--seeds', type=int, default=1, help='repetitions of each training')
+    parser = argparse.ArgumentParser(
+        description='MST Quick-start demo: the paper\'s Table 4 at demo scale, on a CPU.')
+    parser.add_argument('--seeds', type=int, default=1,
+                        help='repetitions of each training, seeds 0..N-1; the table then '
+                        'shows mean and standard deviation (default: 1)')
     parser.add_argument('--epochs', type=int, default=None,
-                        help='pretraining epochs (default: the config\'s)')
+                        help='pretraining epochs of every variant, warm-ups scaled with them '
+                        '(default: the config\'s, 10)')
     parser.add_argument('--batch-size', type=int, default=None,
-                        help='pretraining batch size (default: the config\'s)')
-    parser.add_argument('--work-dir', default='work_dirs/mst_demo')
-    parser.add_argument('--data-root', default='data/mst_demo')
+                        help='pretraining batch size (default: the config\'s, 64)')
+    parser.add_argument('--work-dir', default='work_dirs/mst_demo',
+                        help='where the runs go: WORK_DIR/seed<S>/<variant>/epoch_<E>.pth '
+                        '(variants: ' + ', '.join(name for name, _, _ in VARIANTS) + '), '
+                        'WORK_DIR/knn_table.json and WORK_DIR/pictures/ '
+                        '(default: work_dirs/mst_demo)')
+    parser.add_argument('--data-root', default='data/mst_demo',
+                        help='image folder with train/<class>/*.png and val/<class>/*.png; '
+                        'the demo textures are written there unless it holds your own '
+                        'images (default: data/mst_demo)')
     return parser.parse_args(argv)
 
 
@@ -188,6 +199,8 @@ def main(argv=None) -> Dict[str, Dict]:
     print(f'\nk-NN results: {osp.join(args.work_dir, "knn_table.json")}')
     print(f'pictures (attention, masks, reconstruction): {pictures}')
     print(f'curves (DINO loss, teacher entropy, KL against ln K): {plot}')
+    print(f'checkpoints: {osp.join(args.work_dir, "seed<S>", "<variant>", osp.basename(last_mst))}'
+          f' (e.g. {last_mst})')
     return results
 
 

@@ -5,6 +5,10 @@ Example::
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl]
 
+CONFIG is a config with a test split and a metric (a k-NN, linear-probe or downstream
+config under ``configs/benchmarks/``). A pretraining config is refused with the commands
+that evaluate its checkpoint instead (k-NN, linear probe, downstream transfer).
+
 The checkpoint must provide every weight of the config's model (``--allow-partial``
 accepts one that provides only some); a bad input ends the run with one message and exit
 status 2.
@@ -19,7 +23,12 @@ from mmengine.config import Config
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mst_mm.engine import CheckedRunner  # noqa: E402  (also registers mst_mm's modules)
-from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool  # noqa: E402
+from mst_mm.engine.cli import (  # noqa: E402
+    add_cfg_options_argument,
+    check_test_config,
+    merge_cfg_options,
+    run_tool,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,7 +89,10 @@ def main(argv=None) -> None:
     if args.out is not None and not args.out.endswith(('.pkl', '.pickle', '.json')):
         raise ValueError('--out must be a .pkl, .pickle or .json file, '
                          f'got {args.out!r}')
-    cfg = merge_args(Config.fromfile(args.config), args)
+    cfg = Config.fromfile(args.config)
+    # A pretraining config has no test split: say what evaluates its checkpoint instead.
+    check_test_config(cfg, args.config, args.checkpoint)
+    cfg = merge_args(cfg, args)
 
     from mst_mm.engine import init_cpu_distributed
     init_cpu_distributed(args.launcher)

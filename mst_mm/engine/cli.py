@@ -9,6 +9,7 @@ the loaded config, and both errors name the option and the expected form.
 """
 import argparse
 import difflib
+import glob
 import os.path as osp
 import re
 import sys
@@ -16,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from mmengine.config import Config, DictAction
 
-from .errors import ConfigOptionError, UserInputError
+from .errors import ConfigOptionError, NotATestConfigError, UserInputError
 
 # Dot-separated names or list indices; a leading '+' adds a key the config does not have.
 _KEY = re.compile(r'^\+?[A-Za-z_]\w*(\.\w+)*$')
@@ -169,6 +170,71 @@ def _key_problem(cfg: Config, key: str, adds: bool) -> Optional[str]:
 
 def _listing(keys: List[str], limit: int = 40) -> str:
     return ', '.join(keys[:limit]) + (f' ... ({len(keys)} in all)' if len(keys) > limit else '')
+
+
+# Where the evaluations of a pretrained checkpoint live, and how each is started.
+_REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+_EVALUATIONS = (
+    ('k-NN (no training)', 'knn',
+     'python tools/analysis/knn_eval.py {config} {checkpoint}'),
+    ('linear probe', 'classification',
+     'python tools/train.py {config} --cfg-options '
+     'model.backbone.init_cfg.checkpoint={checkpoint}'),
+    ('detection (mmdet)', 'mmdetection',
+     'python tools/model_converters/mst2downstream.py {checkpoint} BACKBONE.pth '
+     '--target mmdet, then train {config} with mmdet'),
+    ('segmentation (mmseg)', 'mmsegmentation',
+     'python tools/model_converters/mst2downstream.py {checkpoint} BACKBONE.pth '
+     '--target mmseg, then train {config} with mmseg'),
+)
+_BACKBONE_TOKENS = ('deit-s', 'swin-t', 'vit-tiny', 'vit-b', 'vit-s')
+
+
+def check_test_config(cfg: Config, config_path: str, checkpoint: str) -> None:
+    """Refuse a config that ``tools/test.py`` cannot run, saying what to run instead.
+
+    mmengine fails on a config without a test split with "``self._test_loop`` should not
+    be None". A pretraining config has none: its checkpoint is evaluated through the
+    backbone, by k-NN, a linear probe or a downstream task, each with its own config under
+    ``configs/benchmarks/``. The message lists the ones for the same backbone (judged by
+    the names) with the commands, the checkpoint filled in.
+
+    Args:
+        cfg (Config): The loaded config.
+        config_path (str): Its path, as given.
+        checkpoint (str): The checkpoint to evaluate, as given.
+
+    Raises:
+        NotATestConfigError: the config has no ``test_dataloader`` or ``test_evaluator``.
+    """
+    missing = [key for key in ('test_dataloader', 'test_evaluator') if cfg.get(key) is None]
+    if not missing:
+        return
+    model = cfg.get('model') or {}
+    if model.get('type') != 'MST':
+        raise NotATestConfigError(
+            f'{config_path} has no {" or ".join(missing)}: tools/test.py evaluates configs '
+            'with a test split and a metric, such as the k-NN and linear-probe configs '
+            'under configs/benchmarks/.')
+    name = osp.basename(config_path)
+    token = next((t for t in _BACKBONE_TOKENS if t in name), None)
+    found = [(title, command, sorted(glob.glob(
+        osp.join(_REPO, 'configs', 'benchmarks', folder, '*.py'))))
+        for title, folder, command in _EVALUATIONS]
+    # The benchmark configs of the same backbone, if the names tell; otherwise all of them.
+    same = [(title, command, [c for c in configs if token in osp.basename(c)])
+            for title, command, configs in found] if token else []
+    lines = [f'  {title}: ' + command.format(config=osp.relpath(config, _REPO),
+                                             checkpoint=checkpoint)
+             for title, command, configs in (same if any(c for *_, c in same) else found)
+             for config in configs]
+    raise NotATestConfigError(
+        f'{config_path} is a pretraining config (model type MST): it has no test split or '
+        'metric, so tools/test.py has nothing to evaluate. Evaluate the pretrained backbone '
+        f'of {checkpoint} instead (the configs hold the data paths and settings):\n'
+        + '\n'.join(lines)
+        + f'\nTo continue pretraining from it: python tools/train.py {config_path} '
+        f'--resume {checkpoint}')
 
 
 def run_tool(main: Callable[[], Any]) -> None:

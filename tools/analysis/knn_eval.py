@@ -1,16 +1,25 @@
 """Weighted k-NN top-1 of a checkpoint, as a table (and JSON).
 
     python tools/analysis/knn_eval.py configs/benchmarks/knn/knn_vit-tiny_demo.py \
-        work_dirs/mst_demo/epoch_30.pth [--weights student] [--ks 10 20] [--out knn.json]
+        work_dirs/mst_demo/seed0/mst/epoch_10.pth [--weights student] [--ks 10 20] \
+        [--out knn.json]
+    # 8 GPUs (or CPU processes) share the feature extraction:
+    torchrun --nproc_per_node 8 tools/analysis/knn_eval.py CONFIG CKPT --launcher pytorch
 
 CONFIG is a k-NN benchmark config (``configs/benchmarks/knn/``); CKPT an MST training
 checkpoint (teacher weights by default) or any state dict the config's backbone accepts.
 Checkpoints are loaded weights-only, and a checkpoint that does not provide every weight of
 the backbone is refused, naming what is missing: the table would otherwise describe a
 randomly initialised backbone. ``--allow-partial`` accepts one that provides only some.
+
+With ``--launcher pytorch`` (or ``slurm``, ``mpi``) every process embeds its share of the
+reference and query images (mmengine's distributed samplers), the features are gathered on
+rank 0, which votes, prints the table and writes ``--out``; without a GPU the processes
+talk through gloo.
 """
 import argparse
 import json
+import os
 import os.path as osp
 import sys
 
@@ -19,7 +28,13 @@ from mmengine.config import Config
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 # Importing mst_mm registers its modules and the weights-only allow-list.
-from mst_mm.engine import CheckedRunner, CheckpointNotFoundError  # noqa: E402
+from mmengine.dist import is_main_process  # noqa: E402
+
+from mst_mm.engine import (  # noqa: E402
+    CheckedRunner,
+    CheckpointNotFoundError,
+    init_cpu_distributed,
+)
 from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool  # noqa: E402
 
 
@@ -33,12 +48,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--temperature', type=float, help='vote temperature T')
     parser.add_argument('--chunk-size', type=int, help='rows per similarity chunk')
     parser.add_argument('--work-dir', help='directory for logs')
-    parser.add_argument('--out', help='write the metrics as JSON here')
+    parser.add_argument('--out', metavar='FILE.json',
+                        help='write the top-1 accuracies as a JSON file, {"top1_k10": ...}')
     parser.add_argument('--allow-partial', action='store_true',
                         help='accept a checkpoint that provides only some of the backbone\'s '
                         'weights (the rest stay randomly initialised; a warning lists them)')
     add_cfg_options_argument(parser)
-    return parser.parse_args(argv)
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none',
+                        help='job launcher: several processes share the feature extraction '
+                        '(mmengine distributed; gloo without a GPU)')
+    # torchrun passes `--local-rank`, torch.distributed.launch `--local_rank`.
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0,
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.out is not None and not args.out.endswith('.json'):
+        parser.error(f'--out is a JSON file (FILE.json), got {args.out!r}')
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
 
 
 def main(argv=None) -> dict:
@@ -47,6 +75,7 @@ def main(argv=None) -> dict:
         raise CheckpointNotFoundError(f'Checkpoint {args.checkpoint} does not exist.')
     cfg = Config.fromfile(args.config)
     cfg.load_from = args.checkpoint
+    cfg.launcher = args.launcher
     cfg.work_dir = args.work_dir or osp.join(
         'work_dirs', osp.splitext(osp.basename(args.config))[0])
     if args.weights:
@@ -59,8 +88,12 @@ def main(argv=None) -> dict:
         cfg.allow_partial_load = True
     merge_cfg_options(cfg, args.cfg_options)
 
+    init_cpu_distributed(args.launcher)
     metrics = CheckedRunner.from_cfg(cfg).test()
+    # mmengine's evaluator hands every rank the metrics that rank 0 computed.
     rows = sorted((int(k.rsplit('_k', 1)[1]), v) for k, v in metrics.items() if '_k' in k)
+    if not is_main_process():
+        return {k: acc for k, acc in rows}
     print(f'\nweighted k-NN, {osp.basename(args.checkpoint)} '
           f'({cfg.model.get("weights", "-")} weights)')
     print('|   k | top-1 (%) |\n| --- | --- |')

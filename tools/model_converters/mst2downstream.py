@@ -1,5 +1,6 @@
 # Copyright (c) mst_mm contributors.
-"""Turn an MST training checkpoint into a backbone checkpoint for mmdet or mmseg.
+"""Turn an MST training checkpoint into a backbone checkpoint for mmdet, mmseg, mmpretrain
+or timm.
 
 Examples::
 
@@ -9,14 +10,20 @@ Examples::
     # DeiT-S teacher -> mmseg's VisionTransformer (SETR, Cityscapes 768 x 768)
     python tools/model_converters/mst2downstream.py \\
         work_dirs/mst_deit-s_300e/epoch_300.pth pretrain/mst_deit-s_mmseg.pth --target mmseg
+    # backbone only, mmpretrain names (for a backbone's init_cfg=dict(type='Pretrained', ...))
+    python tools/model_converters/mst2downstream.py CKPT mst_deit-s_backbone.pth --target mmpretrain
+    # backbone only, timm names, as DINO ships its weights: loads with strict=True into
+    # timm.create_model('vit_small_patch16_224', num_classes=0) for a DeiT-S
+    python tools/model_converters/mst2downstream.py CKPT mst_deit-s_timm.pth --target timm
 
-The keys are checked one by one against the backbone that the downstream config builds
-(``--config``, by default ours under ``configs/benchmarks/``), because mmdet and mmseg load
-pretrained backbones with ``strict=False`` and say nothing about keys that did not match.
-Anything that is not an exact match is refused, with the keys named. The checkpoint is read
-weights-only (``mst_mm.engine.load_local_checkpoint``), so a pickle that would run code is
-refused before anything in it is used, and a truncated or unreadable file is named with
-what is wrong with it. Every refusal ends the command with one message and exit status 2.
+For mmdet and mmseg the keys are checked one by one against the backbone that the
+downstream config builds (``--config``, by default ours under ``configs/benchmarks/``),
+because mmdet and mmseg load pretrained backbones with ``strict=False`` and say nothing
+about keys that did not match. Anything that is not an exact match is refused, with the
+keys named. The checkpoint is read weights-only (``mst_mm.engine.load_local_checkpoint``),
+so a pickle that would run code is refused before anything in it is used, and a truncated
+or unreadable file is named with what is wrong with it. Every refusal ends the command with
+one message and exit status 2.
 """
 import argparse
 import copy
@@ -35,7 +42,15 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 from mmengine.config import Config  # noqa: E402
 from mmengine.registry import DefaultScope  # noqa: E402
 
-from mst_mm.engine import UserInputError, load_local_checkpoint  # noqa: E402
+from mst_mm.engine import load_local_checkpoint  # noqa: E402
+from mst_mm.engine.backbone_export import (  # noqa: E402
+    PRETRAIN_ONLY_KEYS,
+    SOURCE_PREFIXES,
+    ConversionError,
+    backbone_kind,
+    extract_backbone,
+    vit_to_timm,
+)
 from mst_mm.engine.cli import run_tool  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -52,8 +67,12 @@ TARGETS = {
         # mmseg's ViT does not strip prefixes: its keys must be bare.
         key_prefix=''),
 }
-SOURCE_PREFIXES = {'teacher': 'teacher.module.0.', 'student': 'backbone.'}
-PRETRAIN_ONLY_KEYS = ('mask_token', )
+# Backbone-only exports: no downstream config to match, the names are the point.
+BACKBONE_ONLY = {
+    'mmpretrain': "mmpretrain's backbone names (MaskViT / VisionTransformer, MaskSwin / "
+                  'SwinTransformer)',
+    'timm': "timm's VisionTransformer names (DeiT-S: vit_small_patch16_224)",
+}
 # mmpretrain's attention is a fused qkv Linear and a proj Linear; mmseg's is mmcv's
 # MultiheadAttention around nn.MultiheadAttention, whose in_proj stacks q, k, v in the
 # same order, so only the names change.
@@ -64,45 +83,22 @@ VIT_TO_MMSEG = ((re.compile(r'^(layers\.\d+\.attn)\.qkv\.(weight|bias)$'), r'\1.
 UNTRAINED_SWIN_NORMS = re.compile(r'^norm[0-2]\.(weight|bias)$')
 
 
-class ConversionError(UserInputError, ValueError):
-    """A checkpoint or option that this conversion cannot use; the message says why."""
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description='Convert an MST checkpoint into an mmdet / mmseg backbone checkpoint.')
     parser.add_argument('checkpoint', help='MST training checkpoint (as tools/train.py saves)')
     parser.add_argument('out', help='where to write the backbone checkpoint')
-    parser.add_argument('--target', required=True, choices=sorted(TARGETS))
+    parser.add_argument('--target', required=True, choices=sorted({*TARGETS, *BACKBONE_ONLY}),
+                        help='mmdet (Swin-T, Mask R-CNN) or mmseg (ViT, SETR): a checkpoint '
+                        'checked against the downstream config\'s backbone; mmpretrain: the '
+                        'backbone alone with mmpretrain\'s names; timm: the ViT backbone '
+                        'alone with timm\'s names, as DINO ships its weights')
     parser.add_argument('--weights', default='teacher', choices=sorted(SOURCE_PREFIXES),
                         help='the EMA teacher (default, as DINO evaluates) or the student')
-    parser.add_argument('--config', help='downstream config whose backbone the keys must '
-                        'match (default: ours for the target under configs/benchmarks/)')
+    parser.add_argument('--config', help='mmdet / mmseg: downstream config whose backbone '
+                        'the keys must match (default: ours for the target under '
+                        'configs/benchmarks/)')
     return parser.parse_args(argv)
-
-
-def extract_backbone(state_dict: Dict[str, torch.Tensor], weights: str,
-                     source: str) -> Dict[str, torch.Tensor]:
-    """The backbone tensors of the teacher or the student, without pretraining-only keys."""
-    if not any(k.startswith(SOURCE_PREFIXES['teacher']) for k in state_dict):
-        raise ConversionError(
-            f'{source} is not an MST training checkpoint: it has no '
-            f"'{SOURCE_PREFIXES['teacher']}*' keys (the EMA teacher's backbone). Give the "
-            '.pth that tools/train.py wrote for an MST config, e.g. '
-            'work_dirs/mst_swin-t_100e/epoch_100.pth.')
-    prefix = SOURCE_PREFIXES[weights]
-    return {k[len(prefix):]: v for k, v in state_dict.items()
-            if k.startswith(prefix) and k[len(prefix):] not in PRETRAIN_ONLY_KEYS}
-
-
-def backbone_kind(backbone: Dict[str, torch.Tensor]) -> str:
-    if 'cls_token' in backbone and 'layers.0.attn.qkv.weight' in backbone:
-        return 'vit'
-    if 'stages.0.blocks.0.attn.w_msa.qkv.weight' in backbone:
-        return 'swin'
-    raise ConversionError('The checkpoint holds neither an MST ViT (MaskViT) nor an MST Swin '
-                          '(MaskSwin) backbone; its first keys are '
-                          f'{sorted(backbone)[:5]}.')
 
 
 def rename_for_target(backbone: Dict[str, torch.Tensor], target: str) -> Dict[str, torch.Tensor]:
@@ -183,8 +179,6 @@ def match_target(converted: Dict[str, torch.Tensor], target_model: torch.nn.Modu
 def convert(checkpoint: str, out: str, target: str, weights: str = 'teacher',
             config: str = None) -> Dict[str, torch.Tensor]:
     """Convert ``checkpoint`` and write ``out``; returns the converted backbone tensors."""
-    spec = TARGETS[target]
-    config = config or osp.join(REPO, spec['config'])
     if osp.abspath(out) == osp.abspath(checkpoint):
         raise ConversionError(f'OUT is the input checkpoint {checkpoint}: choose another path, '
                               'the converted file holds only the backbone.')
@@ -194,6 +188,10 @@ def convert(checkpoint: str, out: str, target: str, weights: str = 'teacher',
                               "with a 'state_dict' entry, as mmengine saves.")
     backbone = extract_backbone(loaded['state_dict'], weights, checkpoint)
     kind = backbone_kind(backbone)
+    if target in BACKBONE_ONLY:
+        return export_backbone_only(backbone, kind, loaded, checkpoint, out, target, weights)
+    spec = TARGETS[target]
+    config = config or osp.join(REPO, spec['config'])
     if kind != spec['backbone']:
         other = next(t for t, s in TARGETS.items() if s['backbone'] == kind)
         raise ConversionError(
@@ -218,6 +216,32 @@ def convert(checkpoint: str, out: str, target: str, weights: str = 'teacher',
     print(f'All {len(converted)} keys match the backbone of {osp.relpath(config)}. '
           f'Wrote {out}')
     return converted
+
+
+def export_backbone_only(backbone: Dict[str, torch.Tensor], kind: str, loaded: dict,
+                         checkpoint: str, out: str, target: str,
+                         weights: str) -> Dict[str, torch.Tensor]:
+    """Write the backbone alone: mmpretrain names with mmengine's wrapper, or a bare timm
+    state dict (DINO's format)."""
+    if target == 'timm':
+        if kind != 'vit':
+            raise ConversionError(
+                f'--target timm exports ViT backbones, but {checkpoint} holds an MST Swin '
+                'backbone: use --target mmpretrain (or mmdet for Mask R-CNN).')
+        exported = vit_to_timm(backbone)
+        saved = exported  # a bare state dict, as DINO's released backbones
+    else:
+        exported = dict(backbone)
+        meta = dict(source=osp.abspath(checkpoint), weights=weights, target=target,
+                    epoch=loaded.get('meta', {}).get('epoch'),
+                    iter=loaded.get('meta', {}).get('iter'))
+        saved = dict(state_dict=exported, meta=meta)
+    os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+    torch.save(saved, out)
+    print(f'Exported {len(exported)} tensors of the {weights} backbone (MST '
+          f'{"Swin" if kind == "swin" else "ViT"}) with {BACKBONE_ONLY[target]}; dropped '
+          f'{", ".join(PRETRAIN_ONLY_KEYS)} (pretraining only). Wrote {out}')
+    return exported
 
 
 def main(argv=None) -> Dict[str, torch.Tensor]:

@@ -1,6 +1,8 @@
 # Weighted k-NN (paper appendix: cosine similarity, T = 0.07, k in {10, 20, 100, 200}) of the
 # demo's tiny ViT on the held-out split of the demo textures.
-#   python tools/test.py configs/benchmarks/knn/knn_vit-tiny_demo.py work_dirs/mst_demo/epoch_30.pth
+# tools/demo.py writes WORK_DIR/seed<S>/<variant>/epoch_<epochs>.pth; its MST run, seed 0:
+#   python tools/analysis/knn_eval.py configs/benchmarks/knn/knn_vit-tiny_demo.py \
+#       work_dirs/mst_demo/seed0/mst/epoch_10.pth
 _base_ = ['../../_base_/default_runtime.py']
 
 data_root = 'data/mst_demo'
