@@ -89,21 +89,29 @@ class DINOHead(BaseModule):
             dict: ``loss_dino`` (:math:`\lambda_1 L_{CE}`, with gradient) and the three
             diagnostics above.
         """
-        num_crops = student_out.shape[0] * self.num_global_crops // teacher_out.shape[0]
+        num_global = self.num_global_crops
+        num_crops = student_out.shape[0] * num_global // teacher_out.shape[0]
+        batch = teacher_out.shape[0] // num_global
+        # Under AMP the logits arrive in half precision: one float32 copy of each, shared
+        # by the loss and the centre update (a no-op in float32).
+        teacher_out = teacher_out.float()
         student_logp = F.log_softmax(student_out.float() / self.student_temp, dim=-1)
-        student_logp = student_logp.chunk(num_crops)
-        teacher_p = F.softmax((teacher_out.float() - self.center) / self.teacher_temp, dim=-1)
+        teacher_p = F.softmax((teacher_out - self.center) / self.teacher_temp, dim=-1)
         teacher_p = teacher_p.detach()
 
-        total, pairs = 0., 0
-        for i, target in enumerate(teacher_p.chunk(self.num_global_crops)):
-            for j, logp in enumerate(student_logp):
-                if i == j:
-                    continue
-                total = total + torch.sum(-target * logp, dim=-1).mean()
-                pairs += 1
+        # Every (teacher crop i, student crop j) cross-entropy at once: one matrix product
+        # over batch and prototypes gives the (G, V) table of sum_b sum_k -p_i log q_j,
+        # instead of a Python loop over the G * (V - 1) pairs; then the pairs of a crop
+        # with itself (j == i) are left out. In float32 under autocast too, as the loop's
+        # elementwise products were.
+        with torch.autocast(device_type=teacher_p.device.type, enabled=False):
+            pair_sums = -torch.mm(teacher_p.reshape(num_global, -1),
+                                  student_logp.reshape(num_crops, -1).t())
+        other_view = ~torch.eye(num_global, num_crops, dtype=torch.bool,
+                                device=pair_sums.device)
         self.update_center(teacher_out)
-        cross_entropy = total / pairs
+        pairs = num_global * num_crops - min(num_global, num_crops)
+        cross_entropy = pair_sums[other_view].sum() / (batch * pairs)
         with torch.no_grad():
             # Every teacher crop meets the same number of student crops, so the pairs'
             # mean teacher entropy is the plain mean over the teacher's samples.

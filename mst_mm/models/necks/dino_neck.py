@@ -104,17 +104,26 @@ class DINONeck(BaseModule):
 
     def forward(self, x: torch.Tensor, update_bn_stats: bool = True) -> torch.Tensor:
         """Project embeddings (B, C) to prototype logits (B, K)."""
+        return self._prototypes(self._mlp(x, update_bn_stats))
+
+    def _mlp(self, x: torch.Tensor, update_bn_stats: bool = True) -> torch.Tensor:
         if update_bn_stats:
-            x = self.mlp(x)
-        else:
-            with frozen_bn_statistics(self.mlp):
-                x = self.mlp(x)
-        x = F.normalize(x, dim=-1, p=2)
-        return self.last_layer(x)
+            return self.mlp(x)
+        with frozen_bn_statistics(self.mlp):
+            return self.mlp(x)
+
+    def _prototypes(self, x: torch.Tensor) -> torch.Tensor:
+        """L2 normalisation and the weight-normalised last layer."""
+        return self.last_layer(F.normalize(x, dim=-1, p=2))
 
     def forward_crops(self, global_feat: torch.Tensor,
                       local_feats: List[torch.Tensor]) -> torch.Tensor:
         """Logits of every crop, global crops first, with BN following ``bn_statistics``.
+
+        Only the MLP runs twice (BN must see the two groups apart); the bottleneck features
+        of all crops then go through the last layer together, so its weight ``g v / ||v||``
+        (K x 256, 16.8 M values for K = 65536) is formed, and back-propagated, once per
+        step instead of once per group.
 
         Args:
             global_feat (Tensor): (G * B, C) embeddings of the global crops.
@@ -126,5 +135,6 @@ class DINONeck(BaseModule):
         """
         if self.bn_statistics == 'all_crops' or not local_feats:
             return self(torch.cat([global_feat, *local_feats]))
-        return torch.cat([self(global_feat),
-                          self(torch.cat(local_feats), update_bn_stats=False)])
+        bottleneck = torch.cat([self._mlp(global_feat),
+                                self._mlp(torch.cat(local_feats), update_bn_stats=False)])
+        return self._prototypes(bottleneck)

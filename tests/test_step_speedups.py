@@ -1,0 +1,231 @@
+"""The faster DINO/MST step computes what the straightforward formulation computed.
+
+Each speed-up of the training step (issue "faster than the reference DINO code") is checked
+here against the formulation it replaced, written out in this file, on fixed inputs:
+
+- ``DINOHead``: the (teacher crop, student crop) cross-entropies as one matrix product
+  instead of a Python loop over the pairs;
+- ``DINONeck.forward_crops``: the weight-normalised last layer once for all crops instead of
+  once for the global and once for the local crops;
+- ``FusedCosineEMA``: one ``torch._foreach_lerp_`` instead of mmpretrain's ``CosineEMA``
+  loop over named parameter pairs.
+
+Each test also checks the property that makes the new form cheaper, which the old form
+does not have, so that a return to it fails.
+"""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmpretrain.models import CosineEMA
+from mmpretrain.registry import MODELS
+
+import mst_mm  # noqa: F401
+from mst_mm.models import DINOHead, DINONeck, FusedCosineEMA
+from tests.conftest import crops, tiny_mst_cfg
+
+K, BATCH, GLOBAL = 64, 3, 2
+
+
+def loop_loss(head: DINOHead, student_out, teacher_out, center):
+    """DINO's Eq. 2 as the head computed it before: a loop over the crop pairs."""
+    num_crops = student_out.shape[0] * GLOBAL // teacher_out.shape[0]
+    student_logp = F.log_softmax(student_out.float() / head.student_temp, dim=-1)
+    teacher_p = F.softmax((teacher_out.float() - center) / head.teacher_temp, dim=-1)
+    total, pairs = 0., 0
+    for i, target in enumerate(teacher_p.chunk(GLOBAL)):
+        for j, logp in enumerate(student_logp.chunk(num_crops)):
+            if i != j:
+                total = total + torch.sum(-target * logp, dim=-1).mean()
+                pairs += 1
+    return head.loss_weight * total / pairs
+
+
+def graph_size(tensor: torch.Tensor) -> int:
+    """Autograd nodes behind ``tensor``."""
+    seen, todo = set(), [tensor.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        todo.extend(next_fn for next_fn, _ in node.next_functions)
+    return len(seen)
+
+
+@pytest.mark.parametrize('num_crops', [2, 4, 10])
+def test_dino_loss_equals_the_pair_loop_in_value_gradient_and_centre(num_crops):
+    gen = torch.Generator().manual_seed(num_crops)
+    student = (torch.randn(num_crops * BATCH, K, generator=gen) * 3).requires_grad_()
+    teacher = torch.randn(GLOBAL * BATCH, K, generator=gen) * 3
+    head = DINOHead(K, loss_weight=0.7)
+    head.center.copy_(torch.randn(1, K, generator=gen))
+    center = head.center.clone()
+
+    out = head.loss_and_diagnostics(student, teacher)
+    expected = loop_loss(head, student, teacher, center)
+    torch.testing.assert_close(out['loss_dino'], expected, rtol=1e-6, atol=0)
+    grad, = torch.autograd.grad(out['loss_dino'], student)
+    expected_grad, = torch.autograd.grad(expected, student)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-9)
+    expected_center = 0.9 * center + 0.1 * teacher.mean(0, keepdim=True)
+    torch.testing.assert_close(head.center, expected_center)
+    torch.testing.assert_close(out['teacher_student_kl'] + out['teacher_entropy'],
+                               expected.detach() / 0.7, rtol=1e-6, atol=0)
+
+
+def test_dino_loss_graph_does_not_grow_with_the_number_of_crops():
+    sizes = []
+    for num_crops in (4, 10):
+        student = torch.randn(num_crops * BATCH, K, requires_grad=True)
+        loss = DINOHead(K).loss(student, torch.randn(GLOBAL * BATCH, K))
+        sizes.append(graph_size(loss))
+    # The pair loop added a few nodes per pair: 6 pairs -> 18 pairs tripled the graph.
+    assert sizes[0] == sizes[1] < 15
+
+
+def test_dino_loss_stays_float32_under_autocast():
+    gen = torch.Generator().manual_seed(0)
+    student = torch.randn(4 * BATCH, K, generator=gen).bfloat16().requires_grad_()
+    teacher = torch.randn(GLOBAL * BATCH, K, generator=gen).bfloat16()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = DINOHead(K).loss_and_diagnostics(student, teacher)
+    assert all(v.dtype == torch.float32 for v in out.values())
+    # The pair products are not done in bfloat16: the float32 loop on the same values.
+    expected = loop_loss(DINOHead(K), student.float(), teacher.float(), 0.)
+    torch.testing.assert_close(out['loss_dino'], expected, rtol=1e-6, atol=0)
+
+
+def two_call_crops(neck: DINONeck, global_feat, local_feats):
+    """What ``forward_crops`` computed before: the whole neck once per group."""
+    return torch.cat([neck(global_feat), neck(torch.cat(local_feats), update_bn_stats=False)])
+
+
+def tiny_neck(seed=0):
+    torch.manual_seed(seed)
+    neck = DINONeck(in_channels=16, hidden_channels=32, bottleneck_channels=8,
+                    out_channels=K, norm_last_layer=False)
+    neck.init_weights()
+    with torch.no_grad():   # a magnitude that is not 1, so that g takes part
+        neck.last_layer.parametrizations.weight.original0.uniform_(0.5, 1.5)
+    return neck.train()
+
+
+def test_neck_forward_crops_equals_two_calls_in_output_gradients_and_bn_statistics():
+    gen = torch.Generator().manual_seed(0)
+    global_feat = torch.randn(2 * BATCH, 16, generator=gen)
+    local_feats = [torch.randn(4 * BATCH, 16, generator=gen) * 2 + 1]
+    target = torch.randn(6 * BATCH, K, generator=gen)
+    results = []
+    for forward in (DINONeck.forward_crops, two_call_crops):
+        neck = tiny_neck()
+        out = forward(neck, global_feat, local_feats)
+        (out * target).sum().backward()
+        stats = [t.clone() for m in neck.mlp if isinstance(m, nn.BatchNorm1d)
+                 for t in (m.running_mean, m.running_var, m.num_batches_tracked)]
+        grads = {n: p.grad.clone() for n, p in neck.named_parameters()}
+        results.append((out.detach(), grads, stats))
+    (out, grads, stats), (old_out, old_grads, old_stats) = results
+    torch.testing.assert_close(out, old_out, rtol=1e-6, atol=1e-7)
+    assert set(grads) == set(old_grads)
+    for name in grads:
+        torch.testing.assert_close(grads[name], old_grads[name], rtol=1e-5, atol=1e-7,
+                                   msg=name)
+    for new, old in zip(stats, old_stats):
+        torch.testing.assert_close(new, old)
+
+
+def test_neck_forms_the_last_layer_weight_once_for_all_crops():
+    neck = tiny_neck()
+    calls = []
+    neck.last_layer.parametrizations.weight[0].register_forward_hook(
+        lambda *args: calls.append(1))
+    neck.forward_crops(torch.randn(2 * BATCH, 16), [torch.randn(4 * BATCH, 16)])
+    assert len(calls) == 1   # two calls formed g v / ||v|| (K x 8 here) twice
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(6, 5)
+        self.bn = nn.BatchNorm1d(5)
+        self.extra = nn.Parameter(torch.zeros(3))   # the student's [MASK]: not averaged
+
+
+def average_pair(ema_type, update_buffers=False):
+    torch.manual_seed(0)
+    student = Net()
+    teacher = Net()
+    del teacher.extra
+    teacher.load_state_dict(student.state_dict(), strict=False)
+    return student, ema_type(teacher, momentum=0.05, end_momentum=0.01,
+                             update_buffers=update_buffers)
+
+
+@pytest.mark.parametrize('update_buffers', [False, True])
+def test_fused_ema_equals_cosine_ema_over_steps(message_hub, update_buffers):
+    pairs = {t: average_pair(t, update_buffers) for t in (FusedCosineEMA, CosineEMA)}
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        noise = {n: torch.randn(p.shape, generator=gen) for n, p in Net().named_parameters()}
+        stats = torch.randn(2, 5, generator=gen)
+        for student, ema in pairs.values():
+            with torch.no_grad():
+                for name, param in student.named_parameters():
+                    param.add_(noise[name] * 0.1)
+                student.bn.running_mean.copy_(stats[0])
+                student.bn.running_var.copy_(stats[1].abs())
+                student.bn.num_batches_tracked += 1
+            ema.update_parameters(student)
+    fused, reference = (pairs[t][1].state_dict() for t in (FusedCosineEMA, CosineEMA))
+    assert list(fused) == list(reference)   # same checkpoint keys, 'steps' included
+    for key in reference:
+        torch.testing.assert_close(fused[key], reference[key], rtol=1e-6, atol=1e-7, msg=key)
+    assert int(fused['steps']) == 5
+
+
+def test_fused_ema_never_calls_the_per_parameter_update(message_hub, monkeypatch):
+    student, ema = average_pair(FusedCosineEMA)
+    calls = []
+    monkeypatch.setattr(ema, 'avg_func', lambda *args: calls.append(1))
+    for _ in range(3):
+        ema.update_parameters(student)
+    assert calls == [] and int(ema.steps) == 3
+
+
+def test_fused_ema_follows_a_student_moved_after_the_first_update(message_hub):
+    student, ema = average_pair(FusedCosineEMA)
+    ema.update_parameters(student)
+    student.double()   # swaps every parameter's storage, as .to(device) does
+    ema.module.double()
+    with torch.no_grad():
+        student.linear.weight.fill_(1.0)
+    before = ema.module.linear.weight.detach().clone()
+    ema.update_parameters(student)
+    expected = before + ema.momentum_at(1) * (1.0 - before)
+    torch.testing.assert_close(ema.module.linear.weight.detach(), expected)
+    assert ema.module.linear.weight.dtype == torch.float64
+
+
+def build_mst(**overrides):
+    torch.manual_seed(0)
+    model = MODELS.build(tiny_mst_cfg(**overrides))
+    model.init_weights()
+    return model.train()
+
+
+def test_mst_logs_the_fraction_of_masked_patches(message_hub):
+    # 16 patches per 32-px crop; num=4: the 4 least attended are candidates; p=1 masks
+    # every candidate, so exactly a quarter of the patches.
+    losses = build_mst(mask_cfg=dict(num=4, p=1.0, mode='attention')).loss(crops(), [])
+    assert float(losses['masked_fraction']) == 0.25
+    assert float(build_mst(mask_cfg=dict(mode='none')).loss(crops(), [])['masked_fraction']) \
+        == 0.0
+    random = build_mst(mask_cfg=dict(num=4, p=0.5, mode='random'))
+    torch.manual_seed(0)
+    assert 0.3 < float(random.loss(crops(batch=16), [])['masked_fraction']) < 0.7
+    model = build_mst()
+    losses = model.loss(crops(), [])
+    total, log_vars = model.parse_losses(losses)
+    assert 'masked_fraction' in log_vars   # logged, but not part of the optimised total
+    torch.testing.assert_close(total, losses['loss_dino'] + losses['loss_restore'])
