@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# README Quick start, command 2: set up .venv (idempotent) and run the whole test suite.
+# README Quick start, command 2: set up .venv (idempotent) with mmcv compiled with ops, which
+# the mmdet / mmseg tests need (it replaces mmcv-lite if command 1 installed that), and run the
+# whole test suite. Extra arguments go to pytest. Offline: MST_MM_WHEELHOUSE=DIR.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$ROOT/tools/setup_env.sh"
+bash "$ROOT/tools/setup_env.sh" --ops
 cd "$ROOT"
 exec "$ROOT/.venv/bin/python" -m pytest "$@"
