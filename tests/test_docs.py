@@ -50,7 +50,9 @@ def relative_links(path: Path) -> list:
 def code_paths(path: Path) -> list:
     """Repository paths written in code blocks and code spans, placeholders left out."""
     text = path.read_text()
-    code = [m.group(0) for m in FENCE.finditer(text)]
+    # A block may open with a comment naming the file it shows the reader how to write
+    # (`# configs/my_pretraining.py`): that file is not expected to exist.
+    code = [re.sub(r'^\s*#\s*\S+\s*$', '', m.group(0), flags=re.M) for m in FENCE.finditer(text)]
     code += CODE_SPAN.findall(FENCE.sub('', text))
     found = []
     for chunk in code:
@@ -115,10 +117,10 @@ def test_the_checks_catch_broken_pointers(tmp_path):
     doc = tmp_path / 'x.md'
     doc.write_text('# Top\n\n[ok](#top) [bad](#nowhere) ![img](missing.png)\n\n'
                    '`configs/mst/` `tools/dist_{train,test}.sh` `configs/nope.py`\n'
-                   '```\n[not a link](in_code.md)\n```\n')
+                   '```\n# configs/yours.py\n[not a link](in_code.md) tools/gone.sh\n```\n')
     assert relative_links(doc) == ['#top', '#nowhere', 'missing.png']
     assert anchors(doc) == {'top'}
-    assert code_paths(doc) == ['configs/mst/', 'configs/nope.py']
+    assert code_paths(doc) == ['tools/gone.sh', 'configs/mst/', 'configs/nope.py']
     assert github_anchor('Is the run learning? Collapse diagnostics') == (
         'is-the-run-learning-collapse-diagnostics')
 
