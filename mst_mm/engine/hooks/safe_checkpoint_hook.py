@@ -126,7 +126,7 @@ class SafeCheckpointHook(CheckpointHook):
         from mmengine.runner import EpochBasedTrainLoop
 
         from ..loops import MidEpochResumeTrainLoop
-        loop = runner.train_loop
+        loop = getattr(runner, 'train_loop', None)
         if (self._rolls() and not self.latest_by_epoch
                 and isinstance(loop, EpochBasedTrainLoop)
                 and not isinstance(loop, MidEpochResumeTrainLoop)):
