@@ -7,8 +7,9 @@ import json
 import math
 
 import pytest
+from mmengine.config import Config
 
-from tests.helpers import load_tool
+from tests.helpers import REPO, load_tool
 
 
 @pytest.fixture(scope='module')
@@ -43,3 +44,152 @@ def test_benchmark_tool_writes_every_measurement(tool, tmp_path, capsys):
 def test_bad_batch_size_option_is_refused(tool):
     with pytest.raises(ValueError, match='MODEL=N'):
         tool.main(['--models', 'tiny', '--batch-size', 'tiny:4'])
+
+
+# A stand-in for a facebookresearch/dino clone: the three modules the reference step
+# imports, with DINO's names and signatures, each call written to calls.txt beside them.
+STAND_IN = {
+    'main_dino.py': '''
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from utils import record  # DINO's scripts import each other by top-level name
+
+
+class DINOLoss(nn.Module):
+    def __init__(self, out_dim, ncrops, warmup_teacher_temp, teacher_temp,
+                 warmup_teacher_temp_epochs, nepochs, student_temp=0.1, center_momentum=0.9):
+        super().__init__()
+        self.ncrops = ncrops
+        self.register_buffer('center', torch.zeros(1, out_dim))
+        record(f'loss_init {out_dim} {ncrops} {teacher_temp} {student_temp}')
+
+    def forward(self, student_output, teacher_output, epoch):
+        record(f'loss {tuple(student_output.shape)} {tuple(teacher_output.shape)} '
+               f'{dist.get_world_size()}')
+        target = F.softmax(teacher_output.chunk(2)[0], dim=-1).detach()
+        return -(target * F.log_softmax(student_output.chunk(self.ncrops)[1], -1)).sum(-1).mean()
+''',
+    'utils.py': '''
+import os
+
+import torch
+import torch.nn as nn
+
+CALLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'calls.txt')
+
+
+def record(line):
+    with open(CALLS, 'a') as f:
+        f.write(line + '\\n')
+
+
+class MultiCropWrapper(nn.Module):
+    def __init__(self, backbone, head):
+        super().__init__()
+        self.backbone, self.head = backbone, head
+
+    def forward(self, x):
+        return self.head(torch.cat([self.backbone(crop) for crop in x]))
+
+
+def get_params_groups(model):
+    return [{'params': [p for p in model.parameters() if p.requires_grad]}]
+
+
+def clip_gradients(model, clip):
+    record(f'clip {clip}')
+    return []
+
+
+def cancel_gradients_last_layer(epoch, model, freeze_last_layer):
+    record(f'cancel {epoch} {freeze_last_layer}')
+''',
+    'vision_transformer.py': '''
+import torch.nn as nn
+
+
+class VisionTransformer(nn.Module):
+    def __init__(self, img_size, patch_size, embed_dim, depth, num_heads, mlp_ratio,
+                 qkv_bias, norm_layer, drop_path_rate):
+        super().__init__()
+        self.embed_dim = embed_dim
+        self.patch = nn.Conv2d(3, embed_dim, patch_size, patch_size)
+
+    def forward(self, x):
+        return self.patch(x).mean(dim=(2, 3))
+
+
+class DINOHead(nn.Module):
+    def __init__(self, in_dim, out_dim, use_bn=False, norm_last_layer=True, nlayers=3,
+                 hidden_dim=2048, bottleneck_dim=256):
+        super().__init__()
+        self.mlp = nn.Linear(in_dim, out_dim)
+
+    def forward(self, x):
+        return self.mlp(x)
+''',
+}
+
+
+def stand_in_dino(folder):
+    folder.mkdir()
+    for name, text in STAND_IN.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def test_reference_dino_option_times_the_three_steps_from_the_clone(tool, tmp_path, capsys):
+    clone = stand_in_dino(tmp_path / 'dino')
+    out = tmp_path / 'reference.json'
+    config = 'configs/mst_vit-tiny_demo.py'   # a config path, not a built-in name
+    tool.main(['--reference-dino', str(clone), '--models', config, '--repeats', '2',
+               '--warmup', '1', '--batch-size', '2', '--threads', '1', '--out', str(out)])
+
+    result = json.loads(out.read_text())['models'][config]
+    assert set(result['step_seconds']) == {'reference_dino', 'dino_mode', 'mst'}
+    seconds = result['step_seconds']
+    assert math.isclose(result['dino_mode_speed_vs_reference'],
+                        seconds['reference_dino'] / seconds['dino_mode'])
+    assert math.isclose(result['mst_speed_vs_reference'],
+                        seconds['reference_dino'] / seconds['mst'])
+    assert math.isclose(result['mst_over_dino_mode'], seconds['mst'] / seconds['dino_mode'])
+    for name, spread in result['step_spread'].items():
+        assert len(spread['all']) == 2 and spread['min'] <= seconds[name] <= spread['max']
+    assert set(result['peak_memory_mib']) == {'reference_dino', 'dino_mode', 'mst'}
+    assert all(math.isfinite(v) for v in result['peak_memory_mib'].values())
+    assert result['crops'] == '2 x 32 + 4 x 16 px' and result['out_channels'] == 1024
+    assert result['amp'] is False
+
+    calls = (clone / 'calls.txt').read_text().splitlines()
+    # Built with the config's K, crops and temperatures; one step per warm-up and timed
+    # repetition here, plus two in the memory probe; each step clips and cancels.
+    head = Config.fromfile(str(REPO / config)).model.head
+    assert calls[0] == f'loss_init 1024 6 {head.teacher_temp} {head.student_temp}'
+    steps = [c for c in calls if c.startswith('loss ')]
+    assert len(steps) == 1 + 2 + 2
+    assert steps[0] == 'loss (12, 1024) (4, 1024) 1'   # 6 crops x 2 images; 2 global x 2
+    assert calls.count('clip 3.0') == len(steps) and calls.count('cancel 0 0') == len(steps)
+    printed = capsys.readouterr().out
+    assert '| reference_dino |' in printed and 'MST / DINO mode' in printed
+
+
+def test_reference_dino_option_names_what_the_folder_lacks(tool, tmp_path):
+    (tmp_path / 'main_dino.py').write_text('')
+    with pytest.raises(FileNotFoundError, match='lacks utils.py, vision_transformer.py'):
+        tool.main(['--reference-dino', str(tmp_path), '--models', 'tiny', '--skip-memory',
+                   '--out', str(tmp_path / 'x.json')])
+
+
+def test_models_accepts_built_in_names_and_config_paths_only(tool):
+    assert tool.resolve_model('deit-s')[0].endswith('mst_deit-s_300e.py')
+    with pytest.raises(ValueError, match='built-in names'):
+        tool.main(['--models', 'no-such-model', '--skip-memory'])
+
+
+def test_every_option_has_a_help_text(tool):
+    parser_actions = tool.build_parser()._actions
+    undocumented = [a.dest for a in parser_actions
+                    if a.help is None and a.dest not in ('help',)]
+    assert undocumented == []
