@@ -12,6 +12,7 @@ from mmpretrain.registry import MODELS
 
 import mst_mm  # noqa: F401
 from mst_mm.visualization import draw_rows, mst_picture_row, upsample_patches
+from mst_mm.visualization.mst_pictures import colour_spread, is_grey
 from tests.helpers import DEMO_CONFIG, load_tool, make_image_folder, tiny_runner_cfg
 
 
@@ -104,7 +105,7 @@ def test_the_picture_names_rows_scales_attention_and_marks_every_masked_patch():
             np.testing.assert_allclose(heat.get_array()[::4, ::4], row['attn'] * 64,
                                        rtol=1e-5)
             maps = np.concatenate([row['attn'][None], row['attn_heads'][:2]])
-            assert heat.get_clim() == pytest.approx((0, maps.max() * 64))
+            assert heat.get_clim() == pytest.approx((maps.min() * 64, maps.max() * 64))
             guided = [p for p in axes[r, 4].patches if isinstance(p, Rectangle)]
             random = [p for p in axes[r, 5].patches if isinstance(p, Rectangle)]
             hatched = [p for p in guided if p.get_hatch()]
@@ -116,6 +117,32 @@ def test_the_picture_names_rows_scales_attention_and_marks_every_masked_patch():
         assert len(fig.legends[0].get_texts()) == 2
     finally:
         plt.close(fig)
+
+
+def test_a_grey_input_shows_its_reconstruction_grey_and_names_the_colour_left_out():
+    import matplotlib.pyplot as plt
+
+    model = _demo_model()
+    # The demo normalises every channel alike, so equal normalised channels are grey pixels.
+    grey_input = torch.randn(1, 32, 32).expand(3, 32, 32)
+    colour_input = torch.randn(3, 32, 32)
+    rows = [mst_picture_row(model, grey_input), mst_picture_row(model, colour_input)]
+    assert is_grey(rows[0]['image']) and not is_grey(rows[1]['image'])
+    spread = colour_spread(rows[0]['reconstruction'])
+    assert spread > 0   # an untrained decoder adds colour to a grey image
+    fig = draw_rows(rows, max_heads=1)
+    try:
+        axes = np.array(fig.axes).reshape(2, 7)
+        grey_panel, colour_panel = axes[0, 5].get_images()[0], axes[1, 5].get_images()[0]
+        np.testing.assert_allclose(grey_panel.get_array(),
+                                   rows[0]['reconstruction'].astype(np.float32).mean(-1))
+        assert [t.get_text() for t in axes[0, 5].texts] == [
+            f'shown grey; RGB spread {spread:.0f}/255']
+        np.testing.assert_array_equal(colour_panel.get_array(), rows[1]['reconstruction'])
+        assert len(axes[1, 5].texts) == 0
+    finally:
+        plt.close(fig)
+    assert colour_spread(np.array([[[10, 20, 40], [5, 5, 5]]], np.uint8)) == 15.0
 
 
 def test_hook_sends_the_picture_to_the_visualizer(tmp_path):

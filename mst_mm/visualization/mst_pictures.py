@@ -118,6 +118,38 @@ def _draw_mask_panel(ax, row: dict, mask: np.ndarray, candidates: Optional[np.nd
                   hatch=MASKED_HATCH, linewidth=linewidth / 2)
 
 
+def is_grey(image: np.ndarray) -> bool:
+    """Whether an (H, W, 3) image has equal R, G and B everywhere."""
+    return bool((image == image[..., :1]).all())
+
+
+def colour_spread(image: np.ndarray) -> float:
+    """Mean over pixels of max(R, G, B) - min(R, G, B), 0..255: 0 for a grey image."""
+    pixels = image.astype(np.float32)
+    return float((pixels.max(-1) - pixels.min(-1)).mean())
+
+
+def _draw_reconstruction(ax, image: np.ndarray, reconstruction: np.ndarray) -> None:
+    """The reconstruction as the decoder gives it; for a grey input, its grey (the mean of
+    R, G and B), with the colour the decoder added written under it.
+
+    Why a grey input can come back tinted: the training targets of grey data are exactly
+    grey (the colour augmentations keep R = G = B), but the decoder's last conv has three
+    independently initialised output filters, and the L1 loss pulls them together only as
+    fast as the error shrinks; a short run leaves each channel off by a different amount.
+    Drawn as is, that residual reads as a colour the model saw; drawn grey, with its size
+    named, the panel shows what was restored and says what was left out.
+    """
+    if not is_grey(image):
+        ax.imshow(reconstruction, interpolation='nearest')
+        return
+    grey = reconstruction.astype(np.float32).mean(-1)
+    ax.imshow(grey, cmap='gray', vmin=0, vmax=255, interpolation='nearest')
+    ax.text(0.03, 0.03, f'shown grey; RGB spread {colour_spread(reconstruction):.0f}/255',
+            transform=ax.transAxes, fontsize=6, color='white', va='bottom',
+            bbox=dict(facecolor='black', alpha=0.6, pad=1.5, linewidth=0))
+
+
 def render_rows(rows: List[Dict[str, np.ndarray]], max_heads: int = 6,
                 labels: Optional[Sequence[Optional[str]]] = None,
                 panel_inches: float = 1.5, dpi: int = 110) -> np.ndarray:
@@ -143,9 +175,11 @@ def draw_rows(rows: List[Dict[str, np.ndarray]], max_heads: int = 6,
     """The matplotlib figure of :func:`render_rows`, one row per image.
 
     Columns: the input; the mean and per-head attention laid over the grey image, on one
-    scale per row (attention / uniform) with its colour bar; the attention-guided mask
+    scale per row (attention / uniform, from the row's least to its most attended patch)
+    with its colour bar; the attention-guided mask
     (candidates outlined, masked patches filled and hatched) and a random mask at the same
-    ``p``; the reconstruction from the guided-masked image. A legend names the patch styles.
+    ``p``; the reconstruction from the guided-masked image (for a grey input, its grey, with
+    the colour spread the decoder added written under it). A legend names the patch styles.
 
     Args:
         rows (list[dict]): :func:`mst_picture_row` results.
@@ -186,20 +220,23 @@ def draw_rows(rows: List[Dict[str, np.ndarray]], max_heads: int = 6,
         size = image.shape[:2]
         uniform = 1.0 / row['attn'].size
         maps = [row['attn'], *row['attn_heads'][:heads]]
-        vmax = max(float(m.max()) for m in maps) / uniform
+        # One scale per row, from its least to its most attended patch: a trained teacher's
+        # maps can span a narrow band around 1, which a scale from 0 would hide.
+        vmin = min(float(m.min()) for m in maps) / uniform
+        vmax = max(max(float(m.max()) for m in maps) / uniform, vmin + 1e-6)
         grey = _grey(image)
         axes[r, 0].imshow(image, interpolation='nearest')
         for c, grid_map in zip(attn_columns, maps):
             ax = axes[r, c]
             ax.imshow(grey, cmap='gray', vmin=0, vmax=255, interpolation='nearest')
             heat = ax.imshow(upsample_patches(grid_map / uniform, size), cmap='inferno',
-                             vmin=0, vmax=vmax, alpha=0.7, interpolation='nearest')
+                             vmin=vmin, vmax=vmax, alpha=0.7, interpolation='nearest')
         column = 2 + heads
         _draw_mask_panel(axes[r, column], row, row['guided_mask'], row['candidates'],
                          linewidth)
         _draw_mask_panel(axes[r, column + 1], row, row['random_mask'], None, linewidth)
         if 'reconstruction' in row:
-            axes[r, column + 2].imshow(row['reconstruction'], interpolation='nearest')
+            _draw_reconstruction(axes[r, column + 2], row['image'], row['reconstruction'])
         colorbar = fig.colorbar(heat, cax=axes[r, -1])
         colorbar.ax.tick_params(labelsize=6)
         colorbar.set_label('attention / uniform', fontsize=6)
@@ -219,4 +256,10 @@ def draw_rows(rows: List[Dict[str, np.ndarray]], max_heads: int = 6,
     ], loc='lower center', ncol=2, fontsize=7, frameon=False)
     fig.subplots_adjust(left=0.04, right=0.95, top=1 - 0.45 / fig.get_figheight(),
                         bottom=0.35 / fig.get_figheight())
+    for r in range(len(rows)):  # each colour bar as tall as its row's (square) panels
+        panel = axes[r, 1]
+        panel.apply_aspect()
+        bar = axes[r, -1].get_position()
+        height = panel.get_position()
+        axes[r, -1].set_position([bar.x0, height.y0, bar.width, height.height])
     return fig

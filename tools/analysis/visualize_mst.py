@@ -5,7 +5,7 @@ against a random mask at the same p, and the decoder's reconstruction. Each row 
 by the image's folder (its class in a class-folder dataset) unless --labels says otherwise.
 
     python tools/analysis/visualize_mst.py configs/mst_vit-tiny_demo.py \
-        work_dirs/mst_demo/seed0/mst/epoch_10.pth data/mst_demo/val/*/0.png \
+        work_dirs/mst_demo/seed0/mst/epoch_10.pth data/mst_demo/val/brick/*.png \
         --out-dir work_dirs/pictures --grid
 """
 import argparse
