@@ -16,6 +16,11 @@ from mst_mm.datasets import detect_layout
 from tests.helpers import REPO, make_image_folder
 
 DEIT_S_CONFIG = str(REPO / 'configs' / 'mst_deit-s_300e.py')
+# Every ImageNet-scale pretraining config (DeiT-S, Swin-T, ablations, under old and new names).
+# The demo configs set their own 32-px dataset and are left out here.
+PRETRAIN_CONFIGS = sorted(
+    str(path.relative_to(REPO)) for path in (REPO / 'configs').rglob('*.py')
+    if not {'_base_', 'benchmarks'} & set(path.parts) and 'demo' not in path.name)
 PIPELINE = [dict(type='LoadImageOrSkip'), dict(type='PackInputs')]
 
 
@@ -75,6 +80,13 @@ def deit_s_loader(data_root, batch_size=2):
     loader_cfg.update(batch_size=batch_size, num_workers=0, persistent_workers=False,
                       pin_memory=False)
     return Runner.build_dataloader(loader_cfg, seed=0)
+
+
+@pytest.mark.parametrize('config', PRETRAIN_CONFIGS)
+def test_every_pretraining_config_finds_the_layout_from_data_root(config):
+    dataset = Config.fromfile(str(REPO / config)).train_dataloader.dataset
+    assert dataset.type == 'PretrainImageFolder' and dataset.data_layout == 'auto'
+    assert dataset.data_root == 'data/imagenet/' and dataset.split == 'train'
 
 
 @pytest.mark.parametrize('make, layout, labelled', LAYOUT_CASES,
