@@ -95,7 +95,8 @@ class DeviceProbeHook(Hook):
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         model = unwrap(runner.model)
         record = dict(iter=runner.iter,
-                      losses={k: float(v) for k, v in outputs.items() if 'loss' in k},
+                      losses={k: float(torch.as_tensor(v).detach()) for k, v in outputs.items()
+                              if 'loss' in k},
                       student_moved=_checksum(model.backbone) != self.student_before)
         wrapper = runner.optim_wrapper
         scaler = getattr(wrapper, 'loss_scaler', None)
