@@ -137,7 +137,7 @@ def test_a_grey_input_shows_its_reconstruction_grey_and_names_the_colour_left_ou
         np.testing.assert_allclose(grey_panel.get_array(),
                                    rows[0]['reconstruction'].astype(np.float32).mean(-1))
         assert [t.get_text() for t in axes[0, 5].texts] == [
-            f'shown grey; RGB spread {spread:.0f}/255']
+            f'shown grey\nRGB spread {spread:.0f}/255']
         np.testing.assert_array_equal(colour_panel.get_array(), rows[1]['reconstruction'])
         assert len(axes[1, 5].texts) == 0
     finally:

@@ -145,7 +145,7 @@ def _draw_reconstruction(ax, image: np.ndarray, reconstruction: np.ndarray) -> N
         return
     grey = reconstruction.astype(np.float32).mean(-1)
     ax.imshow(grey, cmap='gray', vmin=0, vmax=255, interpolation='nearest')
-    ax.text(0.03, 0.03, f'shown grey; RGB spread {colour_spread(reconstruction):.0f}/255',
+    ax.text(0.03, 0.03, f'shown grey\nRGB spread {colour_spread(reconstruction):.0f}/255',
             transform=ax.transAxes, fontsize=6, color='white', va='bottom',
             bbox=dict(facecolor='black', alpha=0.6, pad=1.5, linewidth=0))
 
