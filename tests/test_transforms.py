@@ -72,3 +72,15 @@ def test_fast_transforms_give_mmpretrains_images_bit_for_bit(shape):
         views = _seeded(fast, image, seed)
         assert len(views) == 5
         assert all(np.array_equal(a, b) for a, b in zip(views, _seeded(reference, image, seed)))
+
+
+def test_views_of_a_grey_image_stay_grey():
+    # The decoder's targets are these views: on grey data (the demo's) every one must have
+    # R = G = B, so a tinted reconstruction is the decoder's error, not the augmentation's.
+    grey = np.repeat(_image()[..., :1], 3, axis=2)
+    transform = MultiCrop(global_size=40, local_size=16, num_local_crops=2)
+    for seed in range(20):   # jitter, grayscale, blur and solarize all drawn on and off
+        for view in _seeded(transform, grey, seed):
+            assert (view == view[..., :1]).all(), seed
+    coloured = _seeded(transform, _image(), 0)
+    assert not all((view == view[..., :1]).all() for view in coloured)
