@@ -117,12 +117,17 @@ def knn_of_checkpoint(checkpoint: str, weights: str, data_root: str, work_dir: s
 
 
 def random_init_checkpoint(seed: int, path: str) -> str:
+    from mmengine.logging import MMLogger
     from mmengine.runner import set_random_seed
     from mmpretrain.registry import MODELS
     set_random_seed(seed)
+    os.makedirs(osp.dirname(path), exist_ok=True)
+    # Outside a Runner, mmengine's init_weights prints every parameter's initialisation to
+    # the console (hundreds of lines); with a log file as the current logger it writes
+    # them there instead, as in a training run.
+    MMLogger.get_instance(f'mst_demo_init_seed{seed}', log_file=osp.splitext(path)[0] + '.log')
     model = MODELS.build(Config.fromfile(PRETRAIN_CONFIG).model)
     model.init_weights()
-    os.makedirs(osp.dirname(path), exist_ok=True)
     torch.save({'state_dict': model.state_dict()}, path)
     return path
 
