@@ -5,8 +5,12 @@ Examples::
 
     python tools/train.py configs/mst_deit-s_300e.py
     python tools/train.py CONFIG --amp --work-dir work_dirs/run1
-    python tools/train.py CONFIG --resume               # latest checkpoint in work_dir
+    python tools/train.py CONFIG --resume               # newest checkpoint in work_dir
     python tools/train.py CONFIG --resume path/to/epoch_10.pth
+
+``--resume`` alone continues from what WORK_DIR/last_checkpoint names: the rolling
+``latest.pth`` (rewritten every epoch by the configs' SafeCheckpointHook) or a kept
+``epoch_N.pth``, whichever is newer, so a killed run loses at most one epoch.
 
 A bad input (a ``--cfg-options`` entry, a checkpoint that cannot be resumed) ends the run
 before training with one message that names it and the fix, and exit status 2.
@@ -37,9 +41,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         nargs='?',
         type=str,
         const='auto',
-        help='If specify checkpoint path, resume from it, while if not '
-        'specify, try to auto resume from the latest checkpoint '
-        'in the work directory.')
+        help='resume from this training checkpoint; without a path, from the newest one '
+        'in the work dir (the rolling latest.pth or epoch_N.pth, as last_checkpoint names)')
     parser.add_argument(
         '--amp',
         action='store_true',
