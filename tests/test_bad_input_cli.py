@@ -117,8 +117,8 @@ def test_check_test_config_offers_the_benchmarks_of_the_same_backbone():
             'tools/train.py configs/benchmarks/classification/'
             'linear_deit-s_cls-last_8xb128-100e_in1k.py --cfg-options '
             'model.backbone.init_cfg.checkpoint=C.pth',
-            'mst2downstream.py C.pth BACKBONE.pth --target mmseg, then train '
-            'configs/benchmarks/mmsegmentation/'):
+            'mst2downstream.py C.pth pretrain/mst_deit-s_mmseg.pth --target mmseg, then '
+            'python tools/train.py configs/benchmarks/mmsegmentation/'):
         assert expected in message, message
     assert 'swin' not in message and 'vit-tiny' not in message
     # A config with a test split passes; one without and no MST says what it lacks.

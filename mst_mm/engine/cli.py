@@ -181,12 +181,14 @@ _EVALUATIONS = (
      'python tools/train.py {config} --cfg-options '
      'model.backbone.init_cfg.checkpoint={checkpoint}'),
     ('detection (mmdet)', 'mmdetection',
-     'python tools/model_converters/mst2downstream.py {checkpoint} BACKBONE.pth '
-     '--target mmdet, then train {config} with mmdet'),
+     'python tools/model_converters/mst2downstream.py {checkpoint} {pretrained} '
+     '--target mmdet, then python tools/train.py {config}'),
     ('segmentation (mmseg)', 'mmsegmentation',
-     'python tools/model_converters/mst2downstream.py {checkpoint} BACKBONE.pth '
-     '--target mmseg, then train {config} with mmseg'),
+     'python tools/model_converters/mst2downstream.py {checkpoint} {pretrained} '
+     '--target mmseg, then python tools/train.py {config}'),
 )
+# The downstream configs read the converted backbone from `pretrained = '...'`.
+_PRETRAINED = re.compile(r"^pretrained = '([^']+)'", re.MULTILINE)
 _BACKBONE_TOKENS = ('deit-s', 'swin-t', 'vit-tiny', 'vit-b', 'vit-s')
 
 
@@ -225,7 +227,8 @@ def check_test_config(cfg: Config, config_path: str, checkpoint: str) -> None:
     same = [(title, command, [c for c in configs if token in osp.basename(c)])
             for title, command, configs in found] if token else []
     lines = [f'  {title}: ' + command.format(config=osp.relpath(config, _REPO),
-                                             checkpoint=checkpoint)
+                                             checkpoint=checkpoint,
+                                             pretrained=_pretrained_path(config))
              for title, command, configs in (same if any(c for *_, c in same) else found)
              for config in configs]
     raise NotATestConfigError(
@@ -235,6 +238,12 @@ def check_test_config(cfg: Config, config_path: str, checkpoint: str) -> None:
         + '\n'.join(lines)
         + f'\nTo continue pretraining from it: python tools/train.py {config_path} '
         f'--resume {checkpoint}')
+
+
+def _pretrained_path(config: str) -> str:
+    with open(config) as f:
+        found = _PRETRAINED.search(f.read())
+    return found[1] if found else 'BACKBONE.pth'
 
 
 def run_tool(main: Callable[[], Any]) -> None:
