@@ -6,7 +6,7 @@ from mmengine.config import Config
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO_CONFIG = str(REPO / 'configs' / 'mst_vit-tiny_demo.py')
+DEMO_CONFIG = str(REPO / 'configs' / 'mst' / 'mst_vit-tiny-p4_1xb64-coslr-10e_demo.py')
 
 
 def make_image_folder(root, classes=2, per_class=6, size=(40, 48), seed=0) -> str:

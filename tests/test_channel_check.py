@@ -57,8 +57,8 @@ def test_swin_is_checked_against_its_last_stage_not_its_embed_dims():
 
 
 @pytest.mark.parametrize('config, arch, channels', [
-    ('mst_deit-s_100e.py', 'MaskViT deit-small', 384),
-    ('mst_swin-t_100e.py', 'MaskSwin tiny', 768),
+    ('mst/mst_deit-s-p16_8xb128-coslr-100e_in1k.py', 'MaskViT deit-small', 384),
+    ('mst/mst_swin-t-p4-w7_8xb128-coslr-100e_in1k.py', 'MaskSwin tiny', 768),
 ])
 def test_full_size_backbones_are_named_by_their_arch(config, arch, channels):
     model_cfg = Config.fromfile(str(REPO / 'configs' / config)).model

@@ -31,7 +31,8 @@ def test_demo_runs_every_row_for_every_seed(tmp_path, capsys):
     assert os.path.isfile(work_dir / 'pictures' / 'mst_pictures.png')
     assert os.path.getsize(work_dir / 'pictures' / 'dino_curves.png') > 10_000
     # Each row trained what it says: the dumped configs of the runs.
-    dumped = {name: Config.fromfile(str(work_dir / 'seed0' / name / 'mst_vit-tiny_demo.py'))
+    config_name = 'mst_vit-tiny-p4_1xb64-coslr-10e_demo.py'
+    dumped = {name: Config.fromfile(str(work_dir / 'seed0' / name / config_name))
               for name, _, _ in demo.VARIANTS}
     assert dumped['dino'].model.decoder_head is None
     assert dumped['dino'].model.mask_cfg.mode == 'none'

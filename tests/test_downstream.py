@@ -51,13 +51,15 @@ def save_mst_checkpoint(config: str, path) -> torch.nn.Module:
 @pytest.fixture(scope='module')
 def swin_mst(tmp_path_factory):
     path = tmp_path_factory.mktemp('swin') / 'epoch_100.pth'
-    return save_mst_checkpoint('configs/mst_swin-t_100e.py', path), str(path)
+    config = 'configs/mst/mst_swin-t-p4-w7_8xb128-coslr-100e_in1k.py'
+    return save_mst_checkpoint(config, path), str(path)
 
 
 @pytest.fixture(scope='module')
 def deit_mst(tmp_path_factory):
     path = tmp_path_factory.mktemp('deit') / 'epoch_100.pth'
-    return save_mst_checkpoint('configs/mst_deit-s_300e.py', path), str(path)
+    config = 'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py'
+    return save_mst_checkpoint(config, path), str(path)
 
 
 def pretrained_backbone(model_cfg, registry):

@@ -46,7 +46,7 @@ def _tiny_mst_and_embedder(weights='teacher'):
 
     from tests.helpers import REPO
     knn_cfg = Config.fromfile(str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py'))
-    demo_cfg = Config.fromfile(str(REPO / 'configs/mst_vit-tiny_demo.py'))
+    demo_cfg = Config.fromfile(str(REPO / 'configs/mst/mst_vit-tiny-p4_1xb64-coslr-10e_demo.py'))
     torch.manual_seed(0)
     mst = MODELS.build(demo_cfg.model)
     mst.init_weights()

@@ -314,9 +314,11 @@ def test_mst_vit_configs_initialise_as_dino_and_resize_by_size():
             assert model.backbone.dino_init is True, path
             assert model.backbone.pos_embed_resize == 'size', path
             checked.append(path.name)
-    assert {'mst_deit-s_300e.py', 'mst_deit-s_100e.py', 'dino_deit-s_100e.py',
-            'mst_vit-tiny_demo.py'} <= set(checked)
-    backbone = Config.fromfile(str(REPO / 'configs/mst_deit-s_300e.py')).model.backbone
+    assert {'mst_deit-s-p16_8xb128-coslr-300e_in1k.py', 'mst_deit-s-p16_8xb128-coslr-100e_in1k.py',
+            'dino_deit-s-p16_8xb128-coslr-100e_in1k.py',
+            'mst_vit-tiny-p4_1xb64-coslr-10e_demo.py'} <= set(checked)
+    config = REPO / 'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py'
+    backbone = Config.fromfile(str(config)).model.backbone
     torch.manual_seed(0)
     vit = MODELS.build(backbone)
     vit.init_weights()

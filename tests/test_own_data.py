@@ -15,7 +15,7 @@ import mst_mm  # noqa: F401
 from mst_mm.datasets import detect_layout
 from tests.helpers import REPO, make_image_folder
 
-DEIT_S_CONFIG = str(REPO / 'configs' / 'mst_deit-s_300e.py')
+DEIT_S_CONFIG = str(REPO / 'configs' / 'mst' / 'mst_deit-s-p16_8xb128-coslr-300e_in1k.py')
 # Every ImageNet-scale pretraining config (DeiT-S, Swin-T, ablations, under old and new names).
 # The demo configs set their own 32-px dataset and are left out here.
 PRETRAIN_CONFIGS = sorted(

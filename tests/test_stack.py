@@ -1,7 +1,8 @@
 """The verified stack imports and works in one process.
 
-Each check guards one trap of shared/ENVIRONMENT.md; a failure here names the
-trap so that a broken install is diagnosed before any algorithm test runs.
+Each check guards one known trap of the pinned stack (numpy 2, setuptools 82, the +cpu torch
+build, weights-only loading, ...); a failure here names the trap so that a broken install
+is diagnosed before any algorithm test runs.
 """
 import importlib.metadata as metadata
 
@@ -98,5 +99,5 @@ def test_configs_and_tools_are_packaged_for_mim():
     import mst_mm
 
     mim = osp.join(osp.dirname(mst_mm.__file__), '.mim')
-    assert osp.isfile(osp.join(mim, 'configs', 'mst_deit-s_300e.py'))
+    assert osp.isfile(osp.join(mim, 'configs', 'mst', 'mst_deit-s-p16_8xb128-coslr-300e_in1k.py'))
     assert osp.isfile(osp.join(mim, 'tools', 'train.py'))

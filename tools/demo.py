@@ -2,10 +2,10 @@
 
 1. Writes 32 x 32 texture patches cut from images bundled with scikit-image
    (data/mst_demo/{train,val}/<class>/*.png, a quarter of every class held out).
-2. Pretrains the tiny ViT of configs/mst_vit-tiny_demo.py four times through mmengine's
-   Runner, the paper's Table 4 at demo scale: the DINO baseline (no mask, no decoder), then
-   MST's decoder with no mask, with random masking at the same p, and with the
-   attention-guided mask.
+2. Pretrains the tiny ViT of configs/mst/mst_vit-tiny-p4_1xb64-coslr-10e_demo.py four times
+   through mmengine's Runner, the paper's Table 4 at demo scale: the DINO baseline (no mask,
+   no decoder), then MST's decoder with no mask, with random masking at the same p, and with
+   the attention-guided mask.
 3. Prints weighted k-NN top-1 (T = 0.07) on the held-out split for raw pixels, the randomly
    initialised backbone and the pretrained teachers, with each run's last logged DINO loss,
    teacher entropy and teacher-student KL; with --seeds K every training is repeated and the
@@ -35,7 +35,7 @@ from mmengine.config import Config
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-PRETRAIN_CONFIG = osp.join(REPO, 'configs', 'mst_vit-tiny_demo.py')
+PRETRAIN_CONFIG = osp.join(REPO, 'configs', 'mst', 'mst_vit-tiny-p4_1xb64-coslr-10e_demo.py')
 KNN_CONFIG = osp.join(REPO, 'configs', 'benchmarks', 'knn', 'knn_vit-tiny_demo.py')
 # (work-dir name, table row, model overrides of the demo config): the paper's Table 4 at
 # demo scale, after the DINO baseline.
@@ -217,7 +217,7 @@ def write_pictures(checkpoint: str, data_root: str, out: str) -> str:
     spec.loader.exec_module(tool)
     images = [sorted(glob.glob(osp.join(data_root, 'val', c, '*.png')))[0]
               for c in sorted(os.listdir(osp.join(data_root, 'val')))]
-    return tool.main([PRETRAIN_CONFIG, checkpoint, *images, '--out', out, '--grid'])[-1]
+    return tool.main([PRETRAIN_CONFIG, checkpoint, *images, '--out-dir', out, '--grid'])[-1]
 
 
 def print_table(results: Dict[str, Dict], seeds: int, num_prototypes: int) -> None:

@@ -3,7 +3,7 @@
 
 Examples::
 
-    python tools/train.py configs/mst_deit-s_300e.py
+    python tools/train.py configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py
     python tools/train.py CONFIG --amp --work-dir work_dirs/run1
     python tools/train.py CONFIG --resume               # newest checkpoint in work_dir
     python tools/train.py CONFIG --resume path/to/epoch_10.pth

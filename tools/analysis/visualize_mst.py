@@ -4,7 +4,7 @@ bar, the attention-guided mask (candidates outlined, masked patches filled and h
 against a random mask at the same p, and the decoder's reconstruction. Each row is named
 by the image's folder (its class in a class-folder dataset) unless --labels says otherwise.
 
-    python tools/analysis/visualize_mst.py configs/mst_vit-tiny_demo.py \
+    python tools/analysis/visualize_mst.py configs/mst/mst_vit-tiny-p4_1xb64-coslr-10e_demo.py \
         work_dirs/mst_demo/seed0/mst/epoch_10.pth data/mst_demo/val/brick/*.png \
         --out-dir work_dirs/pictures --grid
 """

@@ -6,10 +6,12 @@ Examples::
 
     # Swin-T teacher -> mmdet's SwinTransformer (Mask R-CNN, COCO)
     python tools/model_converters/mst2downstream.py \\
-        work_dirs/mst_swin-t_100e/epoch_100.pth pretrain/mst_swin-t_mmdet.pth --target mmdet
+        work_dirs/mst_swin-t-p4-w7_8xb128-coslr-100e_in1k/epoch_100.pth \\
+        pretrain/mst_swin-t_mmdet.pth --target mmdet
     # DeiT-S teacher -> mmseg's VisionTransformer (SETR, Cityscapes 768 x 768)
     python tools/model_converters/mst2downstream.py \\
-        work_dirs/mst_deit-s_300e/epoch_300.pth pretrain/mst_deit-s_mmseg.pth --target mmseg
+        work_dirs/mst_deit-s-p16_8xb128-coslr-300e_in1k/epoch_300.pth \\
+        pretrain/mst_deit-s_mmseg.pth --target mmseg
     # backbone only, mmpretrain names (for a backbone's init_cfg=dict(type='Pretrained', ...))
     python tools/model_converters/mst2downstream.py CKPT mst_deit-s_backbone.pth --target mmpretrain
     # backbone only, timm names, as DINO ships its weights: loads with strict=True into

@@ -29,7 +29,7 @@ param_scheduler = [
     dict(type='CosineAnnealingLR', eta_min=1e-6, by_epoch=True, begin=warmup_epochs,
          end=max_epochs, convert_to_iter_based=True),
     # eta_min_ratio scales every group from its own start, so groups without weight
-    # decay stay at 0 (ENVIRONMENT.md trap 9).
+    # decay stay at 0 (mmengine's eta_min would set them all to one value).
     dict(type='CosineAnnealingParamScheduler', param_name='weight_decay', eta_min_ratio=10.0,
          by_epoch=True, begin=0, end=max_epochs, convert_to_iter_based=True),
 ]
