@@ -13,6 +13,8 @@ here against the formulation it replaced, written out in this file, on fixed inp
 Each test also checks the property that makes the new form cheaper, which the old form
 does not have, so that a return to it fails.
 """
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -229,3 +231,50 @@ def test_mst_logs_the_fraction_of_masked_patches(message_hub):
     total, log_vars = model.parse_losses(losses)
     assert 'masked_fraction' in log_vars   # logged, but not part of the optimised total
     torch.testing.assert_close(total, losses['loss_dino'] + losses['loss_restore'])
+
+
+@pytest.mark.parametrize('shape', [(2, 5, 7, 6), (1, 3, 1, 1)])
+def test_fused_upsample_conv_equals_upsampling_then_convolving(shape):
+    from mst_mm.models.heads.decoder_head import upsample2x_conv3x3
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    weight = torch.randn(4, shape[1], 3, 3, generator=gen, dtype=torch.float64)
+    bias = torch.randn(4, generator=gen, dtype=torch.float64)
+    expected = F.conv2d(F.interpolate(x, scale_factor=2, mode='nearest'), weight, bias,
+                        padding=1)
+    torch.testing.assert_close(upsample2x_conv3x3(x, weight, bias), expected,
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_decoder_equals_its_module_sequence_in_output_gradients_and_bn_statistics():
+    from mst_mm.models import ImageDecoderHead
+    torch.manual_seed(0)
+    head = ImageDecoderHead(in_channels=32, channels=(16, 8, 8))
+    head.init_weights()
+    feats = torch.randn(3, 32, 4, 4)
+    image = torch.randn(3, 3, 32, 32)
+    results = []
+    for fused in (True, False):   # the head's forward, then its modules one after another
+        model = copy.deepcopy(head).train()
+        restored = model(feats) if fused else model.decoder(feats)
+        F.l1_loss(restored, image).backward()
+        results.append((restored.detach(), {n: p.grad for n, p in model.named_parameters()},
+                        [b.clone() for b in model.buffers()]))
+    (out, grads, buffers), (old_out, old_grads, old_buffers) = results
+    torch.testing.assert_close(out, old_out, rtol=1e-5, atol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(grads[name], old_grads[name], rtol=1e-4, atol=1e-6,
+                                   msg=name)
+    for new, old in zip(buffers, old_buffers):
+        torch.testing.assert_close(new, old)
+
+
+def test_decoder_never_convolves_at_the_upsampled_size():
+    from mst_mm.models import ImageDecoderHead
+    head = ImageDecoderHead(in_channels=32, channels=(16, 8, 8)).train()
+    upsampled = []
+    for module in head.decoder:
+        if isinstance(module, nn.Upsample):
+            module.register_forward_hook(lambda *args: upsampled.append(1))
+    assert head(torch.randn(2, 32, 4, 4)).shape == (2, 3, 32, 32)
+    assert upsampled == []

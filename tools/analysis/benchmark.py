@@ -217,21 +217,32 @@ def _sync(device: str) -> None:
 
 
 def interleaved_times(fns: Dict[str, Callable[[], None]], repeats: int, warmup: int,
-                      device: str) -> Dict[str, List[float]]:
-    """Seconds of every repetition of each function; the order rotates every repetition."""
+                      device: str, cpu_times: Optional[Dict[str, List[float]]] = None
+                      ) -> Dict[str, List[float]]:
+    """Seconds of every repetition of each function; the order rotates every repetition.
+
+    Args:
+        cpu_times (dict, optional): If given, also receives the CPU time this process
+            spent in every repetition (all threads), which other processes on a shared
+            machine disturb far less than the wall clock.
+    """
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: Dict[str, List[float]] = {name: [] for name in fns}
+    if cpu_times is not None:
+        cpu_times.update({name: [] for name in fns})
     names = list(fns)
     for rep in range(repeats):
         shift = rep % len(names)
         for name in names[shift:] + names[:shift]:
             _sync(device)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             fns[name]()
             _sync(device)
             times[name].append(time.perf_counter() - start)
+            if cpu_times is not None:
+                cpu_times[name].append(time.process_time() - cpu_start)
     return times
 
 
@@ -501,10 +512,12 @@ def compare_with_reference(config: str, dino_dir: str, batch_size: int, repeats:
         model, optim_wrapper = ours[name]
         return lambda: model.train_step(batch, optim_wrapper)
 
+    cpu_times: Dict[str, List[float]] = {}
     times = interleaved_times(dict(reference_dino=lambda: reference(normalised),
                                    dino_mode=our_step('dino_mode'), mst=our_step('mst')),
-                              repeats, warmup, device)
+                              repeats, warmup, device, cpu_times)
     seconds = {name: statistics.median(t) for name, t in times.items()}
+    cpu = {name: statistics.median(t) for name, t in cpu_times.items()}
     per_rep = {  # ratios inside each repetition: the noise of the ratios themselves
         'dino_mode_speed': [r / d for r, d in zip(times['reference_dino'], times['dino_mode'])],
         'mst_speed': [r / m for r, m in zip(times['reference_dino'], times['mst'])],
@@ -521,7 +534,13 @@ def compare_with_reference(config: str, dino_dir: str, batch_size: int, repeats:
         dino_mode_speed_vs_reference=seconds['reference_dino'] / seconds['dino_mode'],
         mst_speed_vs_reference=seconds['reference_dino'] / seconds['mst'],
         mst_over_dino_mode=seconds['mst'] / seconds['dino_mode'],
-        ratio_range_over_repetitions={k: [min(v), max(v)] for k, v in per_rep.items()})
+        ratio_range_over_repetitions={k: [min(v), max(v)] for k, v in per_rep.items()},
+        # The same from this process's CPU time (all threads): on a machine shared with
+        # other work it moves far less than the wall clock; spinning threads count in it.
+        cpu_seconds=cpu,
+        cpu_dino_mode_speed_vs_reference=cpu['reference_dino'] / cpu['dino_mode'],
+        cpu_mst_speed_vs_reference=cpu['reference_dino'] / cpu['mst'],
+        cpu_mst_over_dino_mode=cpu['mst'] / cpu['dino_mode'])
 
 
 # ---------------------------------------------------------------------------- pipeline
@@ -706,6 +725,12 @@ def print_reference_table(results: dict) -> None:
         low, high = r['ratio_range_over_repetitions']['mst_over_dino_mode']
         print(f'MST / DINO mode: {r["mst_over_dino_mode"]:.3f} '
               f'(per repetition {low:.3f}-{high:.3f})')
+        cpu = r['cpu_seconds']
+        print('process CPU seconds (all threads), median: '
+              + ', '.join(f'{step} {cpu[step]:.3f}' for step in STEP_NAMES)
+              + f'; speed against the reference {r["cpu_dino_mode_speed_vs_reference"]:.3f} '
+              f'(DINO mode), {r["cpu_mst_speed_vs_reference"]:.3f} (MST); MST / DINO mode '
+              f'{r["cpu_mst_over_dino_mode"]:.3f}')
 
 
 def main(argv=None) -> dict:
