@@ -1,0 +1,59 @@
+"""Real photos at full resolution, for checking the full-size configs without a download.
+
+The scikit-image wheel carries a dozen photographs (an astronaut, a cat, a cup of coffee, a
+rocket, a retina, microscope slides, the moon, the Hubble deep field, ...). Random square
+crops of them, resized to ``size`` px, make an unlabelled folder that the real DeiT-S and
+Swin-T configs read through ``PretrainImageFolder`` (flat layout). It is a sanity-check set:
+enough images that a few hundred iterations stay inside the first epoch, as at the start of
+an ImageNet run, but far too few distinct scenes to learn features from.
+"""
+import json
+import os
+import os.path as osp
+from typing import Dict
+
+import numpy as np
+
+PHOTOS = ('astronaut', 'camera', 'cat', 'coffee', 'rocket', 'retina', 'hubble_deep_field',
+          'immunohistochemistry', 'brick', 'grass', 'gravel', 'moon', 'coins', 'cell')
+
+
+def write_photo_crops(out: str, num_images: int = 2048, size: int = 256,
+                      seed: int = 0) -> Dict[str, object]:
+    """Write ``num_images`` random crops of the bundled photos to ``out/<i>.jpg`` once.
+
+    Args:
+        out: Folder to write; an existing folder written with the same arguments is kept.
+        num_images: How many crops to write, drawn round-robin from :data:`PHOTOS`.
+        size: Side of the square JPEGs, in pixels.
+        seed: Seed of the crop positions and sizes.
+
+    Returns:
+        The summary also stored in ``out/photos.json``.
+    """
+    from PIL import Image
+    from skimage import data
+    from skimage.util import img_as_ubyte
+
+    summary = dict(sources=list(PHOTOS), num_images=num_images, size=size, seed=seed)
+    stamp = osp.join(out, 'photos.json')
+    if osp.exists(stamp):
+        with open(stamp) as f:
+            if json.load(f) == summary:
+                return summary
+    os.makedirs(out, exist_ok=True)
+    photos = []
+    for name in PHOTOS:
+        img = img_as_ubyte(getattr(data, name)())
+        photos.append(np.repeat(img[..., None], 3, axis=2) if img.ndim == 2 else img[..., :3])
+    rng = np.random.RandomState(seed)
+    for i in range(num_images):
+        img = photos[i % len(photos)]
+        height, width = img.shape[:2]
+        side = int(rng.uniform(0.5, 1.0) * min(height, width))
+        top, left = rng.randint(0, height - side + 1), rng.randint(0, width - side + 1)
+        crop = Image.fromarray(np.ascontiguousarray(img[top:top + side, left:left + side]))
+        crop.resize((size, size), Image.BICUBIC).save(osp.join(out, f'{i:05d}.jpg'), quality=90)
+    with open(stamp, 'w') as f:
+        json.dump(summary, f, indent=2)
+    return summary
