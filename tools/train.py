@@ -20,7 +20,7 @@ import os
 import os.path as osp
 import sys
 
-from mmengine.config import Config, ConfigDict
+from mmengine.config import Config
 from mmengine.runner import Runner
 from mmengine.utils import digit_version
 from mmengine.utils.dl_utils import TORCH_VERSION
@@ -127,23 +127,15 @@ def merge_args(cfg: Config, args: argparse.Namespace) -> Config:
         set_default_dataloader_cfg(cfg, 'val_dataloader')
         set_default_dataloader_cfg(cfg, 'test_dataloader')
 
-    def reset_dataloader_flag(cfg, field, flag):
-        if isinstance(cfg, dict) and field in cfg:
-            cfg[field][flag] = False
-        if isinstance(cfg, (dict, ConfigDict, list, tuple)):
-            for item in (cfg.values() if isinstance(cfg, dict) else cfg):
-                reset_dataloader_flag(item, field, flag)
-
-    if args.no_pin_memory:
-        reset_dataloader_flag(cfg, 'pin_memory', False)
-    if args.no_persistent_workers:
-        reset_dataloader_flag(cfg, 'persistent_workers', False)
-
-    # persistent workers need workers
     for field in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         loader = cfg.get(field, None)
-        if loader is not None and loader.get('num_workers', 0) == 0:
-            loader.persistent_workers = False
+        if loader is None:
+            continue
+        if args.no_pin_memory:
+            loader['pin_memory'] = False
+        # Persistent workers need workers.
+        if args.no_persistent_workers or loader.get('num_workers', 0) == 0:
+            loader['persistent_workers'] = False
 
     merge_cfg_options(cfg, args.cfg_options)
 

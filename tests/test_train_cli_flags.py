@@ -1,0 +1,28 @@
+"""tools/train.py's dataloader flags reach every dataloader of the config."""
+from mmengine.config import Config
+
+from tests.helpers import REPO, load_tool
+
+DEIT_S = str(REPO / 'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py')
+
+
+def deit_s_config() -> Config:
+    cfg = Config.fromfile(DEIT_S)
+    assert cfg.train_dataloader.pin_memory is True and cfg.train_dataloader.num_workers > 0
+    cfg.train_dataloader.persistent_workers = True
+    return cfg
+
+
+def test_no_pin_memory_and_no_persistent_workers_reach_the_dataloaders():
+    train = load_tool('tools/train.py')
+    args = train.parse_args([DEIT_S, '--no-pin-memory', '--no-persistent-workers'])
+    merged = train.merge_args(deit_s_config(), args)
+    assert merged.train_dataloader.pin_memory is False
+    assert merged.train_dataloader.persistent_workers is False
+
+
+def test_without_the_flags_the_config_keeps_its_values():
+    train = load_tool('tools/train.py')
+    merged = train.merge_args(deit_s_config(), train.parse_args([DEIT_S]))
+    assert merged.train_dataloader.pin_memory is True
+    assert merged.train_dataloader.persistent_workers is True
