@@ -66,7 +66,8 @@ class ImageDecoderHead(BaseModule):
     their cost, memory-bound on a CPU, grows with width. For DeiT-S at batch 16 on this
     project's 2-core CPU, (128, 64, 32, 16) (about 1.1 GMAC per 224-px crop) made an MST step
     1.34x a DINO step; the default (64, 32, 16, 8) (about 0.36 GMAC) brought it to 1.09x,
-    with the decoder at 4 % of the step (README, "Cost against DINO").
+    with the decoder at 4 % of the step (docs/benchmarks.md; measured before the stages
+    were fused, see :meth:`forward`).
 
     Args:
         in_channels (int): Channels of the input feature map (384 for DeiT-S).
