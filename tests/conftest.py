@@ -1,4 +1,5 @@
 import copy
+import itertools
 
 import pytest
 import torch
@@ -26,10 +27,15 @@ def tiny_mst_cfg(**overrides) -> dict:
     return cfg
 
 
+_HUB_IDS = itertools.count()
+
+
 @pytest.fixture
 def message_hub():
     """CosineEMA reads `max_iters` from the message hub, as inside a runner."""
-    hub = MessageHub.get_instance('mst_test')
+    # A new name each time: mmengine's current hub (what CosineEMA reads) is the one created
+    # last, and a name used before would be returned without becoming current again.
+    hub = MessageHub.get_instance(f'mst_test_{next(_HUB_IDS)}')
     hub.update_info('max_iters', 100)
     return hub
 
