@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from mmengine.config import Config
 from mmengine.logging import MessageHub
 from mmengine.optim import build_optim_wrapper
+from mmengine.registry import DefaultScope
 from mmpretrain.registry import MODELS
 
 import mst_mm  # noqa: F401
@@ -147,7 +148,10 @@ def test_one_dino_step_of_the_full_recipe_follows_dinos_rules(dino_mode):
     max_norm = float(torch.stack([g.norm() for g in grads[0].values()]).median())
     optim_cfg = cfg.optim_wrapper.copy()
     optim_cfg.clip_grad = dict(type='per_param', max_norm=max_norm)
-    optim_wrapper = build_optim_wrapper(model, optim_cfg)
+    # In the config's scope, as the Runner builds it (mst_mm's optimiser constructor lives
+    # in mmpretrain's registry).
+    with DefaultScope.overwrite_default_scope(cfg.default_scope):
+        optim_wrapper = build_optim_wrapper(model, optim_cfg)
     optim_wrapper.freeze([student[n] for n in last_layer])   # epoch 1
     optim_wrapper.step()
     optim_wrapper.zero_grad()
