@@ -18,9 +18,13 @@ def tool():
 
 
 def test_benchmark_tool_writes_every_measurement(tool, tmp_path, capsys):
+    from mmengine.logging import MMLogger
     out = tmp_path / 'bench.json'
+    logger = MMLogger.get_current_instance()
+    level_before = logger.level
     tool.main(['--models', 'tiny', '--repeats', '1', '--warmup', '1', '--batch-size', 'tiny=2',
                '--pipeline-images', '2', '--out', str(out)])
+    assert logger.level == level_before  # it quietens the shared logger only while it runs
 
     saved = json.loads(out.read_text())
     assert saved['machine']['cpus'] >= 1 and saved['device'] in ('cpu', 'cuda')

@@ -23,11 +23,14 @@ def mmlogger_records():
     handler = logging.Handler()
     handler.emit = records.append
     logger = MMLogger.get_current_instance()
+    previous_level = logger.level
+    logger.setLevel(logging.NOTSET)  # every record, whatever an earlier test left set
     logger.addHandler(handler)
     try:
         yield records
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(previous_level)
 
 
 def build_optim_wrapper(model, cfg):

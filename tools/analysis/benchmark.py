@@ -743,7 +743,16 @@ def main(argv=None) -> dict:
     from mmengine.logging import MMLogger
 
     import mst_mm  # noqa: F401
-    MMLogger.get_current_instance().setLevel(logging.WARNING)  # no per-parameter lines
+    logger = MMLogger.get_current_instance()
+    previous_level = logger.level
+    logger.setLevel(logging.WARNING)  # no per-parameter lines
+    try:
+        return _run(args, argv)
+    finally:  # the tool also runs in-process (tests): leave the shared logger as it was
+        logger.setLevel(previous_level)
+
+
+def _run(args: argparse.Namespace, argv) -> dict:
     models = args.models or (['deit-s'] if args.reference_dino else list(MODELS))
     batch_sizes = batch_sizes_for(models, args.batch_size)
     amp = args.device.startswith('cuda') if args.amp is None else args.amp
