@@ -147,7 +147,8 @@ def stand_in_dino(folder):
 def test_reference_dino_option_times_the_three_steps_from_the_clone(tool, tmp_path, capsys):
     clone = stand_in_dino(tmp_path / 'dino')
     out = tmp_path / 'reference.json'
-    config = 'configs/mst_vit-tiny_demo.py'   # a config path, not a built-in name
+    # a config path, not a built-in name
+    config = 'configs/mst/mst_vit-tiny-p4_1xb64-coslr-10e_demo.py'
     tool.main(['--reference-dino', str(clone), '--models', config, '--repeats', '2',
                '--warmup', '1', '--batch-size', '2', '--threads', '1', '--out', str(out)])
 
@@ -187,7 +188,7 @@ def test_reference_dino_option_names_what_the_folder_lacks(tool, tmp_path):
 
 
 def test_models_accepts_built_in_names_and_config_paths_only(tool):
-    assert tool.resolve_model('deit-s')[0].endswith('mst_deit-s_300e.py')
+    assert tool.resolve_model('deit-s')[0].endswith('mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py')
     with pytest.raises(ValueError, match='built-in names'):
         tool.main(['--models', 'no-such-model', '--skip-memory'])
 

@@ -302,7 +302,8 @@ def test_mask_rcnn_two_iterations_on_the_gpu(tmp_path):
     from tests.helpers import scalars
 
     checkpoint = tmp_path / 'epoch_100.pth'
-    downstream.save_mst_checkpoint('configs/mst_swin-t_100e.py', checkpoint)
+    downstream.save_mst_checkpoint('configs/mst/mst_swin-t-p4-w7_8xb128-coslr-100e_in1k.py',
+                                   checkpoint)
     downstream.converter.main([str(checkpoint), str(tmp_path / 'swin.pth'), '--target', 'mmdet'])
     data_root = make_tiny_coco(tmp_path / 'coco') + '/'
     cfg = downstream.shrink_runner_cfg(downstream.Config.fromfile(str(downstream.DET_CONFIG)))
@@ -335,7 +336,8 @@ def test_setr_two_iterations_on_the_gpu(tmp_path):
     from tests.helpers import scalars
 
     checkpoint = tmp_path / 'epoch_100.pth'
-    downstream.save_mst_checkpoint('configs/mst_deit-s_300e.py', checkpoint)
+    downstream.save_mst_checkpoint('configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py',
+                                   checkpoint)
     data_root = make_tiny_cityscapes(tmp_path / 'cityscapes') + '/'
     cfg = downstream.shrink_runner_cfg(downstream.Config.fromfile(str(downstream.SEG_CONFIG)))
     size = (128, 128)

@@ -101,14 +101,14 @@ def test_bad_per_parameter_options_are_refused(clip_grad):
 
 
 def test_mst_configs_use_dinos_rules_and_amp_keeps_them(tmp_path):
-    cfg = Config.fromfile(str(REPO / 'configs/mst_deit-s_300e.py'))
+    config = str(REPO / 'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py')
+    cfg = Config.fromfile(config)
     assert cfg.optim_wrapper.type == 'DINOOptimWrapper'
     assert cfg.optim_wrapper.clip_grad == dict(type='per_param', max_norm=3.0)
     assert cfg.model_wrapper_cfg.find_unused_parameters is False
 
     train = load_tool('tools/train.py')
-    args = train.parse_args([str(REPO / 'configs/mst_deit-s_300e.py'), '--amp',
-                             '--work-dir', str(tmp_path)])
+    args = train.parse_args([config, '--amp', '--work-dir', str(tmp_path)])
     amp_cfg = train.merge_args(Config.fromfile(args.config), args)
     assert amp_cfg.optim_wrapper.type == 'DINOAmpOptimWrapper'
     assert amp_cfg.optim_wrapper.clip_grad.type == 'per_param'

@@ -1,6 +1,7 @@
 """One DINO-mode step of the full DeiT-S recipe against DINO's rules, written out here.
 
-The model is `configs/mst_deit-s_300e.py` with the mask and the decoder off and no drop-path:
+The model is `configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py` with the mask and the
+decoder off and no drop-path:
 the DINO baseline at full size (ViT-S/16, K = 65536). From hand-set weights and fixed crops
 the test checks, against formulas and rules written from the DINO paper and the options of
 its training script (not from its code):
@@ -107,7 +108,7 @@ def clip_by_hand(grad, max_norm):
 
 @pytest.fixture(scope='module')
 def dino_mode():
-    cfg = Config.fromfile(str(REPO / 'configs/mst_deit-s_300e.py'))
+    cfg = Config.fromfile(str(REPO / 'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py'))
     cfg.model.mask_cfg = dict(mode='none')
     cfg.model.decoder_head = None
     cfg.model.backbone.drop_path_rate = 0.

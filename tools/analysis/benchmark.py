@@ -66,9 +66,9 @@ sys.path.insert(0, REPO)
 
 # name: (pretraining config, default batch size per step on CPU)
 MODELS = {
-    'tiny': ('configs/mst_vit-tiny_demo.py', 64),
-    'deit-s': ('configs/mst_deit-s_300e.py', 16),
-    'swin-t': ('configs/mst_swin-t_100e.py', 16),
+    'tiny': ('configs/mst/mst_vit-tiny-p4_1xb64-coslr-10e_demo.py', 64),
+    'deit-s': ('configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py', 16),
+    'swin-t': ('configs/mst/mst_swin-t-p4-w7_8xb128-coslr-100e_in1k.py', 16),
 }
 DEFAULT_BATCH_SIZE = 16  # for a config path without a --batch-size
 DINO_OVERRIDES = dict(mask_cfg=dict(mode='none'), decoder_head=None)
