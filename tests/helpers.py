@@ -1,8 +1,11 @@
 """Shared test fixtures that build data on disk and tiny runner configs."""
+import contextlib
+import logging
 from pathlib import Path
 
 import numpy as np
 from mmengine.config import Config
+from mmengine.logging import MMLogger
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,3 +70,21 @@ def load_tool(relative_path: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def mmlogger_records():
+    """Every log record that mmengine's current logger emits inside the block, whatever
+    level an earlier test or tool left it at."""
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = MMLogger.get_current_instance()
+    previous_level = logger.level
+    logger.setLevel(logging.NOTSET)
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous_level)

@@ -2,7 +2,6 @@
 a budget, and unusual image modes train like any other."""
 import contextlib
 import io
-import logging
 import os
 import os.path as osp
 import re
@@ -12,28 +11,13 @@ import numpy as np
 import pytest
 from mmengine.config import Config
 from mmengine.dataset import default_collate
-from mmengine.logging import MMLogger
 from mmpretrain.registry import DATASETS
 from PIL import Image
 
 import mst_mm  # noqa: F401
-from tests.helpers import DEMO_CONFIG, make_image_folder
+from tests.helpers import DEMO_CONFIG, make_image_folder, mmlogger_records
 
 PIPELINE = [dict(type='LoadImageOrSkip'), dict(type='PackInputs')]
-
-
-@contextlib.contextmanager
-def mmlogger_records():
-    """The log records that mmengine's current logger emits inside the block."""
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(handler)
-    try:
-        yield records
-    finally:
-        logger.removeHandler(handler)
 
 
 def build(**kwargs):

@@ -14,23 +14,7 @@ from mmpretrain.registry import MODELS
 
 import mst_mm  # noqa: F401  (registers the constructor)
 from mst_mm.engine import ema_momentum
-from tests.helpers import DEMO_CONFIG, make_image_folder, scalars, tiny_runner_cfg
-
-
-@contextlib.contextmanager
-def mmlogger_records():
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = MMLogger.get_current_instance()
-    previous_level = logger.level
-    logger.setLevel(logging.NOTSET)  # every record, whatever an earlier test left set
-    logger.addHandler(handler)
-    try:
-        yield records
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(previous_level)
+from tests.helpers import DEMO_CONFIG, make_image_folder, mmlogger_records, scalars, tiny_runner_cfg
 
 
 def build_optim_wrapper(model, cfg):

@@ -295,6 +295,21 @@ def mmcv_cuda_ops_or_skip() -> None:
                     'machine with FORCE_CUDA=1 MMCV_WITH_OPS=1 (docs/install.md)')
 
 
+def train_two_downstream_iterations_on_the_gpu(cfg, tmp_path) -> None:
+    """Train a downstream config through our train.py with the device probe: two iterations,
+    every parameter on the GPU, finite losses."""
+    from tests import test_downstream as downstream
+
+    cfg.custom_imports = dict(imports=['mst_mm', 'tests.cuda_probe_hooks'],
+                              allow_failed_imports=False)
+    cfg.custom_hooks = [dict(type='DeviceProbeHook', mst=False)]
+    downstream.train_with_our_tool(cfg, tmp_path)
+    probe = read_probe(tmp_path / 'work')
+    assert len(probe['iters']) == 2
+    assert all(d.startswith('cuda') for d in probe['param_devices'])
+    assert all(math.isfinite(v) for it in probe['iters'] for v in it['losses'].values())
+
+
 def test_mask_rcnn_two_iterations_on_the_gpu(tmp_path):
     mmcv_cuda_ops_or_skip()
     from tests import test_downstream as downstream
@@ -317,14 +332,7 @@ def test_mask_rcnn_two_iterations_on_the_gpu(tmp_path):
     cfg.val_evaluator.ann_file = data_root + 'annotations/instances_val2017.json'
     cfg.test_evaluator = cfg.val_evaluator
     cfg.train_cfg.max_epochs = 1
-    cfg.custom_imports = dict(imports=['mst_mm', 'tests.cuda_probe_hooks'],
-                              allow_failed_imports=False)
-    cfg.custom_hooks = [dict(type='DeviceProbeHook', mst=False)]
-    downstream.train_with_our_tool(cfg, tmp_path)
-    probe = read_probe(tmp_path / 'work')
-    assert len(probe['iters']) == 2
-    assert all(d.startswith('cuda') for d in probe['param_devices'])
-    assert all(math.isfinite(v) for it in probe['iters'] for v in it['losses'].values())
+    train_two_downstream_iterations_on_the_gpu(cfg, tmp_path)
     metrics = next(line for line in scalars(tmp_path / 'work') if 'coco/bbox_mAP' in line)
     assert 0.0 <= metrics['coco/segm_mAP'] <= 1.0
 
@@ -357,13 +365,6 @@ def test_setr_two_iterations_on_the_gpu(tmp_path):
     next(t for t in cfg.val_dataloader.dataset.pipeline if t.type == 'Resize').scale = (256, 128)
     cfg.train_dataloader.batch_size = 2
     cfg.train_cfg.max_iters = cfg.train_cfg.val_interval = 2
-    cfg.custom_imports = dict(imports=['mst_mm', 'tests.cuda_probe_hooks'],
-                              allow_failed_imports=False)
-    cfg.custom_hooks = [dict(type='DeviceProbeHook', mst=False)]
-    downstream.train_with_our_tool(cfg, tmp_path)
-    probe = read_probe(tmp_path / 'work')
-    assert len(probe['iters']) == 2
-    assert all(d.startswith('cuda') for d in probe['param_devices'])
-    assert all(math.isfinite(v) for it in probe['iters'] for v in it['losses'].values())
+    train_two_downstream_iterations_on_the_gpu(cfg, tmp_path)
     metrics = next(line for line in scalars(tmp_path / 'work') if 'mIoU' in line)
     assert 0.0 <= metrics['mIoU'] <= 100.0
