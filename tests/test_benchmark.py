@@ -34,13 +34,16 @@ def test_benchmark_tool_writes_every_measurement(tool, tmp_path, capsys):
     assert math.isclose(tiny['step_ratio'],
                         tiny['step_seconds']['mst'] / tiny['step_seconds']['dino'])
     assert set(tiny['attention_forward_seconds']) == {'without', 'with_attn'}
-    assert tiny['decoder_channels'] == [32, 16] and 0 < tiny['decoder_share'] < 1
+    assert tiny['decoder_channels'] == [32, 16]
+    # Timed apart from the step, so on a busy machine the share may exceed 1: plumbing only.
+    assert math.isclose(tiny['decoder_share'],
+                        tiny['decoder_seconds'] / tiny['step_seconds']['mst'])
     pipeline = tiny['pipeline']
     assert set(pipeline['images_per_second']) == {'mmpretrain_default', 'mst_mm'}
     assert pipeline['views_per_image'] == 2 + 4
     assert set(tiny['peak_memory_mib']) == {'dino', 'mst'}
-    numbers = [tiny['step_ratio'], tiny['attention_ratio'], pipeline['speedup'],
-               *tiny['peak_memory_mib'].values()]
+    numbers = [tiny['step_ratio'], tiny['attention_ratio'], tiny['decoder_share'],
+               pipeline['speedup'], *tiny['peak_memory_mib'].values()]
     assert all(math.isfinite(x) and x > 0 for x in numbers)
     assert '| tiny | 2 |' in capsys.readouterr().out
 
