@@ -340,31 +340,15 @@ def test_mask_rcnn_two_iterations_on_the_gpu(tmp_path):
 def test_setr_two_iterations_on_the_gpu(tmp_path):
     pytest.importorskip('mmcv.ops', reason='mmseg needs mmcv with its compiled ops')
     from tests import test_downstream as downstream
-    from tests.downstream_data import make_tiny_cityscapes
     from tests.helpers import scalars
 
     checkpoint = tmp_path / 'epoch_100.pth'
     downstream.save_mst_checkpoint('configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py',
                                    checkpoint)
-    data_root = make_tiny_cityscapes(tmp_path / 'cityscapes') + '/'
-    cfg = downstream.shrink_runner_cfg(downstream.Config.fromfile(str(downstream.SEG_CONFIG)))
-    size = (128, 128)
-    cfg.model.backbone.img_size = size
-    cfg.model.data_preprocessor.size = size
-    cfg.model.test_cfg = dict(mode='slide', crop_size=size, stride=(96, 96))
-    small_config = tmp_path / 'setr_small.py'
-    cfg.dump(str(small_config))
+    cfg, small_config = downstream.small_setr_cfg(tmp_path)
     downstream.converter.main([str(checkpoint), str(tmp_path / 'deit.pth'), '--target', 'mmseg',
-                               '--config', str(small_config)])
+                               '--config', small_config])
     cfg.model.backbone.init_cfg.checkpoint = str(tmp_path / 'deit.pth')
-    for loader in (cfg.train_dataloader, cfg.val_dataloader):
-        loader.dataset.data_root = data_root
-    train_pipeline = cfg.train_dataloader.dataset.pipeline
-    next(t for t in train_pipeline if t.type == 'RandomResize').scale = (256, 128)
-    next(t for t in train_pipeline if t.type == 'RandomCrop').crop_size = size
-    next(t for t in cfg.val_dataloader.dataset.pipeline if t.type == 'Resize').scale = (256, 128)
-    cfg.train_dataloader.batch_size = 2
-    cfg.train_cfg.max_iters = cfg.train_cfg.val_interval = 2
     train_two_downstream_iterations_on_the_gpu(cfg, tmp_path)
     metrics = next(line for line in scalars(tmp_path / 'work') if 'mIoU' in line)
     assert 0.0 <= metrics['mIoU'] <= 100.0

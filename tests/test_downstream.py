@@ -7,6 +7,7 @@ with the data roots pointed at tiny generated COCO / Cityscapes sets and smaller
 import copy
 import os
 import pickle
+from typing import Tuple
 
 import pytest
 import torch
@@ -209,20 +210,15 @@ def test_mask_rcnn_trains_and_evaluates_from_the_converted_checkpoint(swin_mst, 
         assert isinstance(metrics[name], float) and 0.0 <= metrics[name] <= 1.0
 
 
-def test_setr_trains_and_evaluates_from_the_converted_checkpoint(deit_mst, tmp_path):
+def small_setr_cfg(tmp_path) -> Tuple[Config, str]:
+    """SETR shrunk to 128 px, batch 2 and 2 iterations on tiny generated Cityscapes data,
+    and the path of its dump (what the converter reads the position-embedding grid from)."""
     data_root = make_tiny_cityscapes(tmp_path / 'cityscapes') + '/'
     cfg = shrink_runner_cfg(Config.fromfile(str(SEG_CONFIG)))
     size = (128, 128)
     cfg.model.backbone.img_size = size
     cfg.model.data_preprocessor.size = size
     cfg.model.test_cfg = dict(mode='slide', crop_size=size, stride=(96, 96))
-    small_config = tmp_path / 'setr_small.py'
-    cfg.dump(str(small_config))
-    # The converter resizes the 14 x 14 position embedding to the 8 x 8 grid of 128 px.
-    converted = converter.main([deit_mst[1], str(tmp_path / 'deit.pth'), '--target', 'mmseg',
-                                '--config', str(small_config)])
-    assert converted['pos_embed'].shape == (1, 65, 384)
-    cfg.model.backbone.init_cfg.checkpoint = str(tmp_path / 'deit.pth')
     for loader in (cfg.train_dataloader, cfg.val_dataloader):
         loader.dataset.data_root = data_root
     train_pipeline = cfg.train_dataloader.dataset.pipeline
@@ -231,6 +227,18 @@ def test_setr_trains_and_evaluates_from_the_converted_checkpoint(deit_mst, tmp_p
     next(t for t in cfg.val_dataloader.dataset.pipeline if t.type == 'Resize').scale = (256, 128)
     cfg.train_dataloader.batch_size = 2
     cfg.train_cfg.max_iters = cfg.train_cfg.val_interval = 2
+    small_config = str(tmp_path / 'setr_small.py')
+    cfg.dump(small_config)
+    return cfg, small_config
+
+
+def test_setr_trains_and_evaluates_from_the_converted_checkpoint(deit_mst, tmp_path):
+    cfg, small_config = small_setr_cfg(tmp_path)
+    # The converter resizes the 14 x 14 position embedding to the 8 x 8 grid of 128 px.
+    converted = converter.main([deit_mst[1], str(tmp_path / 'deit.pth'), '--target', 'mmseg',
+                                '--config', small_config])
+    assert converted['pos_embed'].shape == (1, 65, 384)
+    cfg.model.backbone.init_cfg.checkpoint = str(tmp_path / 'deit.pth')
 
     train_with_our_tool(cfg, tmp_path)
     logged = scalars(tmp_path / 'work')
