@@ -1,0 +1,330 @@
+"""Object images and scenes rendered from real animal silhouettes (``animal-shape-mnist``).
+
+The package ships 10,000 grey 28 x 28 silhouettes of 10 animals, 1,000 each (MIT licence);
+they are read from its two gzip-pickled arrays, not through its loader (that one imports
+TensorFlow). A silhouette pasted onto a textured background is an object whose pixel mask
+is known, which is what the evidence run needs:
+
+- **object images** (one animal per canvas) for pretraining, k-NN and linear probes, in
+  mmpretrain's ``<split>/<class>/<name>.png`` folder layout, with the object masks beside
+  them for the guidance measurements;
+- **scenes** (1-4 animals per canvas, overlaps allowed) with COCO instance annotations
+  (exact RLE masks, tight boxes) and mmseg label maps (0 = background, 1-10 = the animals),
+  for Mask R-CNN and SETR.
+
+Every image has the same appearance statistics: a grey background of low-pass noise and a
+brighter object with fine noise. Nothing but the object's shape, position and size tells two
+images apart, so two views of one image cannot be matched by a per-image colour or level.
+"""
+import gzip
+import importlib.util
+import json
+import os
+import os.path as osp
+import pickle
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+CLASSES = ('bear', 'bird', 'cat', 'cow', 'dog', 'elephant', 'giraffe', 'horse', 'sheep',
+           'zebra')
+PACKAGE = 'animal_shape_mnist'
+DATA_FILES = ('animal_data_version_3.gz', 'animal_label_version_3.gz')
+# Bump when the rendering changes, so that written folders are rewritten, not reused.
+RENDER_VERSION = 1
+
+# Grey levels in [0, 1]: background mean and noise, object mean and noise.
+BACKGROUND_LEVEL, BACKGROUND_NOISE, BACKGROUND_SMOOTHING = 0.35, 0.16, 1.5
+OBJECT_LEVEL, OBJECT_NOISE = 0.78, 0.06
+
+
+def silhouette_files(package_dir: Optional[str] = None) -> Tuple[str, str]:
+    """Paths of the silhouette and label arrays inside the installed package."""
+    if package_dir is None:
+        spec = importlib.util.find_spec(PACKAGE)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModuleNotFoundError(
+                f'{PACKAGE} is not installed: pip install animal-shape-mnist==0.39 '
+                '(requirements/runtime.txt pins it; tools/setup_env.sh installs it).')
+        package_dir = list(spec.submodule_search_locations)[0]
+    paths = tuple(osp.join(package_dir, 'data', 'Animal Shape', name) for name in DATA_FILES)
+    missing = [p for p in paths if not osp.isfile(p)]
+    if missing:
+        raise FileNotFoundError(f'{PACKAGE} is installed but lacks {missing}: reinstall it '
+                                '(pip install --force-reinstall animal-shape-mnist==0.39).')
+    return paths
+
+
+def load_silhouettes(package_dir: Optional[str] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """The (10000, 28, 28) uint8 silhouettes and their (10000,) class indices."""
+    data_path, label_path = silhouette_files(package_dir)
+    with gzip.open(data_path, 'rb') as f:
+        images = np.asarray(pickle.load(f), dtype=np.uint8)
+    with gzip.open(label_path, 'rb') as f:
+        labels = np.asarray(pickle.load(f), dtype=np.int64)
+    if images.shape[1:] != (28, 28) or len(images) != len(labels):
+        raise ValueError(f'Unexpected silhouette arrays {images.shape} / {labels.shape}.')
+    return images, labels
+
+
+def stratified_split(labels: np.ndarray, test_per_class: int = 200,
+                     seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+    """Sorted indices of (train, test), ``test_per_class`` of every class held out.
+
+    ``np.random.RandomState`` draws the same numbers on every machine and numpy version,
+    so the split is fixed by ``seed``.
+    """
+    rng = np.random.RandomState(seed)
+    test: List[int] = []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        if len(idx) <= test_per_class:
+            raise ValueError(f'Class {c} has {len(idx)} images; cannot hold out '
+                             f'{test_per_class}.')
+        test += rng.choice(idx, test_per_class, replace=False).tolist()
+    test_idx = np.sort(np.array(test, dtype=np.int64))
+    return np.setdiff1d(np.arange(len(labels)), test_idx), test_idx
+
+
+def _resize_bilinear(img: np.ndarray, height: int, width: int) -> np.ndarray:
+    """Bilinear resize of a 2-D float array (pixel centres aligned)."""
+    h, w = img.shape
+    ys = np.clip((np.arange(height) + 0.5) * h / height - 0.5, 0, h - 1)
+    xs = np.clip((np.arange(width) + 0.5) * w / width - 0.5, 0, w - 1)
+    y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+    wy, wx = (ys - y0)[:, None], (xs - x0)[None, :]
+    top = img[y0][:, x0] * (1 - wx) + img[y0][:, x1] * wx
+    bottom = img[y1][:, x0] * (1 - wx) + img[y1][:, x1] * wx
+    return top * (1 - wy) + bottom * wy
+
+
+def _smooth(noise: np.ndarray, sigma: float) -> np.ndarray:
+    """Separable Gaussian low-pass (reflect padding), normalised back to unit variance."""
+    radius = max(1, int(3 * sigma))
+    kernel = np.exp(-0.5 * (np.arange(-radius, radius + 1) / sigma) ** 2)
+    kernel /= kernel.sum()
+    padded = np.pad(noise, radius, mode='reflect')
+    rows = np.apply_along_axis(np.convolve, 1, padded, kernel, mode='valid')
+    out = np.apply_along_axis(np.convolve, 0, rows, kernel, mode='valid')
+    return (out - out.mean()) / (out.std() + 1e-8)
+
+
+def background(rng: np.random.RandomState, height: int, width: int) -> np.ndarray:
+    """A (H, W) float background: low-pass grey noise of fixed mean and contrast."""
+    noise = _smooth(rng.randn(height, width), BACKGROUND_SMOOTHING)
+    return BACKGROUND_LEVEL + BACKGROUND_NOISE * noise
+
+
+def object_mask(silhouette: np.ndarray, rng: np.random.RandomState, canvas: int,
+                area_share: Tuple[float, float]) -> np.ndarray:
+    """The silhouette cropped to its box, flipped at random and scaled so that its pixel
+    count is a random share (within ``area_share``) of a ``canvas`` x ``canvas`` image.
+
+    Returns:
+        BoolTensor-like ndarray (h, w): the object's pixels, its box tight.
+    """
+    alpha = silhouette.astype(np.float64) / 255.
+    ys, xs = np.nonzero(alpha >= 0.5)
+    if len(ys) == 0:
+        raise ValueError('Empty silhouette.')
+    alpha = alpha[ys.min():ys.max() + 1, xs.min():xs.max() + 1]
+    if rng.rand() < 0.5:
+        alpha = alpha[:, ::-1]
+    share = rng.uniform(*area_share)
+    scale = np.sqrt(share * canvas * canvas / (alpha >= 0.5).sum())
+    scale = min(scale, canvas / max(alpha.shape))
+    h = max(1, min(canvas, int(round(alpha.shape[0] * scale))))
+    w = max(1, min(canvas, int(round(alpha.shape[1] * scale))))
+    mask = _resize_bilinear(alpha, h, w) >= 0.5
+    ys, xs = np.nonzero(mask)
+    return mask[ys.min():ys.max() + 1, xs.min():xs.max() + 1]
+
+
+def paint(image: np.ndarray, mask: np.ndarray, top: int, left: int,
+          rng: np.random.RandomState) -> np.ndarray:
+    """Paint an object of box-shaped ``mask`` at (top, left); returns its full-canvas mask."""
+    full = np.zeros(image.shape, dtype=bool)
+    full[top:top + mask.shape[0], left:left + mask.shape[1]] = mask
+    image[full] = OBJECT_LEVEL + OBJECT_NOISE * rng.randn(int(full.sum()))
+    return full
+
+
+def to_uint8_rgb(image: np.ndarray) -> np.ndarray:
+    grey = np.clip(np.round(image * 255), 0, 255).astype(np.uint8)
+    return np.repeat(grey[..., None], 3, axis=2)
+
+
+def render_object_image(silhouette: np.ndarray, rng: np.random.RandomState,
+                        canvas: int = 32,
+                        area_share: Tuple[float, float] = (0.15, 0.5)
+                        ) -> Tuple[np.ndarray, np.ndarray]:
+    """One animal at a random position and size on a textured background.
+
+    Returns:
+        tuple: the (canvas, canvas, 3) uint8 image and the (canvas, canvas) bool object mask.
+    """
+    image = background(rng, canvas, canvas)
+    mask = object_mask(silhouette, rng, canvas, area_share)
+    top = rng.randint(0, canvas - mask.shape[0] + 1)
+    left = rng.randint(0, canvas - mask.shape[1] + 1)
+    full = paint(image, mask, top, left, rng)
+    return to_uint8_rgb(image), full
+
+
+def render_scene(silhouettes: List[np.ndarray], rng: np.random.RandomState, size: int = 64,
+                 area_share: Tuple[float, float] = (0.04, 0.12), min_visible: float = 0.75,
+                 tries: int = 20) -> Tuple[np.ndarray, List[Optional[np.ndarray]]]:
+    """Several animals on one canvas, later ones in front, overlaps allowed.
+
+    Each animal is placed where every animal already painted keeps at least
+    ``min_visible`` of its pixels; an animal with no such place in ``tries`` draws is not
+    painted at all (None), so every painted pixel belongs to an annotated object.
+
+    Returns:
+        tuple: the (size, size, 3) uint8 image and, per silhouette, its visible
+        (size, size) bool mask, or None where it was left out.
+    """
+    image = background(rng, size, size)
+    visible: List[Optional[np.ndarray]] = []
+    for silhouette in silhouettes:
+        mask = object_mask(silhouette, rng, size, area_share)
+        for _ in range(tries):
+            top = rng.randint(0, size - mask.shape[0] + 1)
+            left = rng.randint(0, size - mask.shape[1] + 1)
+            placed = np.zeros((size, size), dtype=bool)
+            placed[top:top + mask.shape[0], left:left + mask.shape[1]] = mask
+            if all((v & ~placed).sum() >= min_visible * v.sum()
+                   for v in visible if v is not None):
+                break
+        else:
+            visible.append(None)
+            continue
+        for earlier in visible:
+            if earlier is not None:
+                earlier &= ~placed
+        visible.append(paint(image, mask, top, left, rng))
+    return to_uint8_rgb(image), visible
+
+
+def tight_box(mask: np.ndarray) -> List[float]:
+    """COCO ``[x, y, w, h]`` of the smallest box that holds every True pixel."""
+    ys, xs = np.nonzero(mask)
+    return [float(xs.min()), float(ys.min()), float(xs.max() - xs.min() + 1),
+            float(ys.max() - ys.min() + 1)]
+
+
+def _save_png(array: np.ndarray, path: str) -> None:
+    from PIL import Image
+    Image.fromarray(array).save(path)
+
+
+def _stamp_matches(stamp: str, settings: dict) -> bool:
+    if not osp.isfile(stamp):
+        return False
+    with open(stamp) as f:
+        return json.load(f).get('settings') == settings
+
+
+def write_object_images(out: str, canvas: int = 32, test_per_class: int = 200,
+                        seed: int = 0, package_dir: Optional[str] = None) -> dict:
+    """Write ``out/{train,test}/<class>/<index>.png`` and ``out/{train,test}_masks.npz``.
+
+    ``<index>`` is the silhouette's index in the package, so every file can be traced back.
+    The npz holds ``files`` (paths relative to ``out``, sorted) and ``masks`` (N, canvas,
+    canvas) bool. Idempotent: a folder written with the same settings is kept.
+
+    Returns:
+        dict: the settings and the image counts (also in ``out/dataset.json``).
+    """
+    settings = dict(version=RENDER_VERSION, canvas=canvas, test_per_class=test_per_class,
+                    seed=seed, kind='objects')
+    stamp = osp.join(out, 'dataset.json')
+    if _stamp_matches(stamp, settings):
+        with open(stamp) as f:
+            return json.load(f)
+    silhouettes, labels = load_silhouettes(package_dir)
+    summary = dict(settings=settings, classes=list(CLASSES))
+    for split, indices in zip(('train', 'test'), stratified_split(labels, test_per_class, seed)):
+        files, masks = [], []
+        for index in indices:
+            # One generator per silhouette: an image does not depend on which others exist.
+            rng = np.random.RandomState([seed, int(index)])
+            image, mask = render_object_image(silhouettes[index], rng, canvas)
+            rel = osp.join(split, CLASSES[labels[index]], f'{index:05d}.png')
+            os.makedirs(osp.dirname(osp.join(out, rel)), exist_ok=True)
+            _save_png(image, osp.join(out, rel))
+            files.append(rel)
+            masks.append(mask)
+        order = np.argsort(files)
+        np.savez_compressed(osp.join(out, f'{split}_masks.npz'),
+                            files=np.array(files)[order], masks=np.stack(masks)[order])
+        summary[split] = len(files)
+    with open(stamp, 'w') as f:
+        json.dump(summary, f, indent=2)
+    return summary
+
+
+def load_object_masks(out: str, split: str = 'test') -> Dict[str, np.ndarray]:
+    """``{relative path: (canvas, canvas) bool mask}`` written by :func:`write_object_images`."""
+    data = np.load(osp.join(out, f'{split}_masks.npz'))
+    return dict(zip(data['files'].tolist(), data['masks']))
+
+
+def write_scenes(out: str, train_scenes: int = 400, val_scenes: int = 100, size: int = 64,
+                 max_objects: int = 4, test_per_class: int = 200, seed: int = 0,
+                 package_dir: Optional[str] = None) -> dict:
+    """Write detection and segmentation scenes of 1-``max_objects`` animals.
+
+    Layout (mmdet's COCO and a plain mmseg folder)::
+
+        out/{train,val}/<id>.png                       the scenes
+        out/annotations/instances_{train,val}.json     COCO: bbox, RLE segmentation, area
+        out/labels/{train,val}/<id>.png                0 = background, 1-10 = CLASSES
+
+    Train scenes draw train-split silhouettes only, val scenes test-split ones, so no
+    silhouette is seen in both. Idempotent like :func:`write_object_images`.
+    """
+    from pycocotools import mask as mask_utils
+
+    settings = dict(version=RENDER_VERSION, train_scenes=train_scenes, val_scenes=val_scenes,
+                    size=size, max_objects=max_objects, test_per_class=test_per_class,
+                    seed=seed, kind='scenes')
+    stamp = osp.join(out, 'dataset.json')
+    if _stamp_matches(stamp, settings):
+        with open(stamp) as f:
+            return json.load(f)
+    silhouettes, labels = load_silhouettes(package_dir)
+    pools = dict(zip(('train', 'val'), stratified_split(labels, test_per_class, seed)))
+    categories = [dict(id=i + 1, name=name) for i, name in enumerate(CLASSES)]
+    summary = dict(settings=settings, classes=list(CLASSES))
+    for split, count in (('train', train_scenes), ('val', val_scenes)):
+        rng = np.random.RandomState([seed, 1 if split == 'train' else 2])
+        os.makedirs(osp.join(out, split), exist_ok=True)
+        os.makedirs(osp.join(out, 'labels', split), exist_ok=True)
+        images, annotations = [], []
+        for image_id in range(1, count + 1):
+            chosen = rng.choice(pools[split], rng.randint(1, max_objects + 1), replace=False)
+            image, visible = render_scene([silhouettes[i] for i in chosen], rng, size)
+            name = f'{image_id:06d}.png'
+            _save_png(image, osp.join(out, split, name))
+            label_map = np.zeros((size, size), dtype=np.uint8)
+            for index, mask in zip(chosen, visible):
+                if mask is None:
+                    continue
+                label_map[mask] = labels[index] + 1
+                rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+                annotations.append(dict(
+                    id=len(annotations) + 1, image_id=image_id,
+                    category_id=int(labels[index]) + 1, bbox=tight_box(mask),
+                    area=float(mask.sum()), iscrowd=0, silhouette_index=int(index),
+                    segmentation=dict(size=[size, size], counts=rle['counts'].decode())))
+            _save_png(label_map, osp.join(out, 'labels', split, name))
+            images.append(dict(id=image_id, file_name=name, height=size, width=size))
+        os.makedirs(osp.join(out, 'annotations'), exist_ok=True)
+        with open(osp.join(out, 'annotations', f'instances_{split}.json'), 'w') as f:
+            json.dump(dict(images=images, annotations=annotations, categories=categories), f)
+        summary[split] = dict(images=count, objects=len(annotations))
+    with open(stamp, 'w') as f:
+        json.dump(summary, f, indent=2)
+    return summary

@@ -1,0 +1,464 @@
+"""The evidence run: does MST learn object features, does its mask avoid the object, and do
+its checkpoints transfer? On real animal silhouettes, on a CPU (tools/run_evidence.sh).
+
+1. Writes the data once (``mst_mm/datasets/animal_shapes.py``): 8,000 / 2,000 object images
+   (32 x 32, one animal) and detection / segmentation scenes (64 x 64, 1-4 animals).
+2. Pretrains the tiny ViT of ``configs/mst/mst_vit-tiny-p4_1xb64-coslr-8e_animals.py`` as
+   the paper's Table 4 at CPU scale: the DINO baseline, MST's decoder alone, the decoder
+   with a random mask hiding the same expected share of patches as the guided one
+   (p / num), and the decoder with the attention-guided mask (num = 8, p = 0.1). A k-NN
+   probe hook logs the held-out top-1 during pretraining.
+3. Probes the EMA teachers' CLS features (weighted k-NN, k = 20, T = 0.07, and a linear
+   probe) against raw pixels and randomly initialised backbones, and measures where the
+   teachers' CLS attention and the guided mask fall against the objects' pixel masks, at
+   every epoch of seed 0.
+4. Fine-tunes Mask R-CNN (a small MaskSwin pretrained as DINO and as MST on the objects)
+   and SETR-naive (the ViTs) on the scenes, from random init, DINO and MST.
+5. Writes ``OUT/summary.json``, ``OUT/evidence_table.md`` and pictures to ``OUT/pictures``.
+
+Every finished unit is stored under ``OUT/results`` and skipped by a rerun, and a
+pretraining cut short resumes from its last epoch, so the command goes on where it stopped.
+
+    python tools/evidence.py [--quick] [--out work_dirs/evidence]
+    python tools/evidence.py --only mst_guided_mask:1     # one row: pretraining, probes, guidance
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import os.path as osp
+import statistics
+import sys
+from typing import Dict, List, Optional
+
+import torch
+from mmengine.config import Config
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+VIT_CONFIG = osp.join(REPO, 'configs', 'mst', 'mst_vit-tiny-p4_1xb64-coslr-8e_animals.py')
+SWIN_CONFIG = osp.join(REPO, 'configs', 'mst', 'mst_swin-nano-p4-w4_1xb64-coslr-8e_animals.py')
+DET_CONFIG = osp.join(REPO, 'configs', 'benchmarks', 'mmdetection',
+                      'mask-rcnn_mst-swin-nano_fpn_animal-scenes.py')
+SEG_CONFIG = osp.join(REPO, 'configs', 'benchmarks', 'mmsegmentation',
+                      'setr_mst-vit-tiny_naive_animal-scenes.py')
+NUM, P = 8, 0.1
+# name: model overrides of the pretraining config (the paper's Table 4 rows).
+VARIANTS = {
+    'dino': dict(mask_cfg=dict(mode='none'), decoder_head=None),
+    'mst_decoder': dict(mask_cfg=dict(mode='none')),
+    # The same expected share of masked patches as the guided rule: p / num.
+    'mst_random_mask': dict(mask_cfg=dict(mode='random', p=P / NUM)),
+    'mst_guided_mask': dict(mask_cfg=dict(mode='attention', num=NUM, p=P)),
+}
+TRANSFER_FROM = ('random_init', 'dino', 'mst_guided_mask')
+KNN_K = 20
+SCHEDULES = {
+    # seeds per variant, pretraining epochs, fine-tune seeds, fine-tune overrides
+    'full': dict(seeds=dict(dino=3, mst_decoder=2, mst_random_mask=2, mst_guided_mask=3),
+                 epochs=8, finetune_seeds=2, finetune=None),
+    'quick': dict(seeds=dict(dino=1, mst_decoder=1, mst_random_mask=1, mst_guided_mask=1),
+                  epochs=1, finetune_seeds=1, finetune='quick'),
+}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--quick', action='store_true',
+                        help='one seed, one pretraining epoch, short fine-tunes (minutes); '
+                        'the same keys as the full run')
+    parser.add_argument('--out', default=None,
+                        help='output folder (default: work_dirs/evidence, or '
+                        'work_dirs/evidence_quick with --quick)')
+    parser.add_argument('--data-root', default='data/animal_shapes',
+                        help='where the object images and scenes are written once '
+                        '(default: data/animal_shapes)')
+    parser.add_argument('--only', metavar='VARIANT:SEED',
+                        help='rerun one row (pretraining, k-NN, linear probe, guidance) into '
+                        'OUT/rerun and print it beside the full run\'s spread; variants: '
+                        + ', '.join(VARIANTS))
+    parser.add_argument('--skip-transfer', action='store_true',
+                        help='leave out the Mask R-CNN and SETR fine-tunes')
+    return parser.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- units
+class Store:
+    """One JSON file per finished unit under ``OUT/results``: a rerun skips it."""
+
+    def __init__(self, out: str) -> None:
+        self.root = osp.join(out, 'results')
+        os.makedirs(self.root, exist_ok=True)
+
+    def get(self, name: str, compute):
+        path = osp.join(self.root, f'{name}.json')
+        if osp.isfile(path):
+            with open(path) as f:
+                return json.load(f)
+        value = compute()
+        with open(path + '.tmp', 'w') as f:
+            json.dump(value, f, indent=2)
+        os.replace(path + '.tmp', path)
+        return value
+
+
+def pretrain_config(base: str, variant: str, seed: int, epochs: int, data_root: str,
+                    work_dir: str, probe: bool = True) -> Config:
+    cfg = Config.fromfile(base)
+    cfg.merge_from_dict(dict(model=VARIANTS[variant]))  # nested dicts merge, None replaces
+    objects = osp.join(data_root, 'objects')
+    cfg.train_dataloader.dataset.data_root = objects
+    cfg.randomness = dict(seed=seed)
+    cfg.work_dir = work_dir
+    _set_epochs(cfg, epochs)
+    if probe:
+        cfg.custom_hooks.append(knn_probe_hook(objects))
+    return cfg
+
+
+def knn_probe_hook(objects: str) -> dict:
+    """The k-NN probe during pretraining: reference = train split, query = test split."""
+    def loader(split: str) -> dict:
+        return dict(batch_size=500, num_workers=0,
+                    sampler=dict(type='DefaultSampler', shuffle=False),
+                    dataset=dict(type='CustomDataset', data_root=osp.join(objects, split),
+                                 pipeline=[dict(type='LoadImageFromFile'),
+                                           dict(type='PackInputs')]))
+    return dict(type='KNNProbeHook', interval=1, ks=(KNN_K, ),
+                train_dataloader=loader('train'), val_dataloader=loader('test'))
+
+
+def _set_epochs(cfg: Config, epochs: int) -> None:
+    """The whole schedule, warm-ups included, scaled to ``epochs``; a checkpoint every epoch."""
+    old = cfg.train_cfg.max_epochs
+    scale = epochs / old
+    cfg.train_cfg.max_epochs = epochs
+    for scheduler in cfg.param_scheduler:
+        scheduler.begin = round(scheduler.begin * scale)
+        scheduler.end = max(round(scheduler.end * scale), scheduler.begin + 1)
+    for hook in cfg.custom_hooks:
+        if hook.type == 'TeacherTempWarmupHook':
+            hook.warmup_epochs = round(hook.warmup_epochs * scale)
+        if hook.type == 'FreezeLastLayerHook':
+            hook.freeze_epochs = min(hook.freeze_epochs, max(epochs - 1, 0))
+    cfg.default_hooks.checkpoint.interval = 1
+    cfg.default_hooks.checkpoint.max_keep_ckpts = epochs
+
+
+def pretrain(cfg: Config) -> List[str]:
+    """Train (or resume, or skip when finished); the checkpoints of every epoch."""
+    from mmengine.runner import Runner
+    final = osp.join(cfg.work_dir, f'epoch_{cfg.train_cfg.max_epochs}.pth')
+    if not osp.isfile(final):
+        cfg.resume = osp.isfile(osp.join(cfg.work_dir, 'last_checkpoint'))
+        Runner.from_cfg(cfg).train()
+    return [osp.join(cfg.work_dir, f'epoch_{e}.pth')
+            for e in range(1, cfg.train_cfg.max_epochs + 1)]
+
+
+def build_model(cfg: Config, checkpoint: Optional[str], seed: int):
+    """The MST model of ``cfg`` with a checkpoint's weights, or randomly initialised."""
+    from mmengine.runner import set_random_seed
+    from mmpretrain.registry import MODELS
+
+    from mst_mm.engine.safe_loading import read_checkpoint
+    set_random_seed(seed)
+    model = MODELS.build(cfg.model)
+    if checkpoint is None:
+        model.init_weights()
+    else:
+        model.load_state_dict(read_checkpoint(checkpoint, map_location='cpu')['state_dict'])
+    return model.eval()
+
+
+class Probe:
+    """The held-out evaluations of one backbone: k-NN, linear probe and guidance shares."""
+
+    def __init__(self, data_root: str) -> None:
+        from mst_mm.datasets.animal_shapes import load_object_masks
+        from mst_mm.evaluation.frozen_features import load_class_folders
+        objects = osp.join(data_root, 'objects')
+        self.train_images, self.train_labels, _ = load_class_folders(osp.join(objects, 'train'))
+        self.test_images, self.test_labels, paths = load_class_folders(osp.join(objects, 'test'))
+        masks = load_object_masks(objects, 'test')
+        self.test_masks = torch.from_numpy(
+            __import__('numpy').stack([masks[osp.join('test', p)] for p in paths]))
+
+    def raw_pixels(self) -> dict:
+        from mst_mm.evaluation import knn_top1, linear_probe_top1
+        train = torch.from_numpy(self.train_images).flatten(1).float()
+        test = torch.from_numpy(self.test_images).flatten(1).float()
+        return dict(knn_top1=knn_top1(train, self.train_labels, test, self.test_labels,
+                                      ks=(KNN_K, ))[KNN_K],
+                    linear_top1=linear_probe_top1(train, self.train_labels, test,
+                                                  self.test_labels))
+
+    def model(self, model, classify: bool = True) -> dict:
+        from mst_mm.evaluation import (guidance_shares, knn_top1, linear_probe_top1,
+                                       patch_object_mask)
+        from mst_mm.evaluation.frozen_features import embed_images
+        backbone = model.teacher.module[0]
+        mean, std = model.data_preprocessor.mean, model.data_preprocessor.std
+        test_feats, attn = embed_images(backbone, mean, std, self.test_images, with_attn=True)
+        patch = self.test_masks.shape[-1] // int(math.isqrt(attn.shape[1]))
+        result = guidance_shares(attn, patch_object_mask(self.test_masks, patch), NUM, P)
+        if classify:
+            train_feats, _ = embed_images(backbone, mean, std, self.train_images)
+            result['knn_top1'] = knn_top1(train_feats, self.train_labels, test_feats,
+                                          self.test_labels, ks=(KNN_K, ))[KNN_K]
+            result['linear_top1'] = linear_probe_top1(train_feats, self.train_labels,
+                                                      test_feats, self.test_labels)
+        return result
+
+
+def pretrained_row(store: Store, probe: Probe, variant: str, seed: int, epochs: int,
+                   data_root: str, out: str, guidance_curve: bool) -> dict:
+    """Pretrain one variant and seed, probe its last teacher (and, for the guidance curve,
+    the teacher of every epoch)."""
+    from mst_mm.visualization import final_values, read_scalars
+    name = f'{variant}_seed{seed}'
+    work_dir = osp.join(out, 'pretrain', name)
+    cfg = pretrain_config(VIT_CONFIG, variant, seed, epochs, data_root, work_dir)
+
+    def compute() -> dict:
+        checkpoints = pretrain(cfg)
+        row = probe.model(build_model(cfg, checkpoints[-1], seed))
+        row.update(final_values(read_scalars(work_dir, all_runs=True)))
+        if guidance_curve:
+            row['guidance_by_epoch'] = [
+                dict(epoch=e, **probe.model(build_model(cfg, ckpt, seed), classify=False))
+                for e, ckpt in enumerate(checkpoints, 1)]
+        row['checkpoint'] = checkpoints[-1]
+        return row
+
+    return store.get(name, compute)
+
+
+def random_init_row(store: Store, probe: Probe, seed: int, data_root: str, out: str) -> dict:
+    path = osp.join(out, 'random_init', f'seed{seed}.pth')
+
+    def compute() -> dict:
+        cfg = pretrain_config(VIT_CONFIG, 'mst_guided_mask', seed, 1, data_root, out,
+                              probe=False)
+        model = build_model(cfg, None, seed)
+        os.makedirs(osp.dirname(path), exist_ok=True)
+        torch.save({'state_dict': model.state_dict()}, path)
+        return dict(probe.model(model), checkpoint=path)
+
+    return store.get(f'random_init_seed{seed}', compute)
+
+
+# -------------------------------------------------------------------------- transfer
+def transfer_rows(store: Store, data_root: str, out: str, epochs: int, schedule: dict,
+                  vit_checkpoints: Dict[str, str]) -> dict:
+    """Mask R-CNN (MaskSwin-nano) and SETR (ViT) fine-tuned on the scenes."""
+    from mst_mm.evaluation.transfer import finetune
+    scenes = osp.join(data_root, 'scenes')
+    options = None
+    if schedule['finetune'] == 'quick':
+        options = dict(train_cfg=dict(max_iters=20, val_interval=20))
+    swin = {'random_init': None}
+    for variant in ('dino', 'mst_guided_mask'):
+        cfg = pretrain_config(SWIN_CONFIG, variant, 0, epochs, data_root,
+                              osp.join(out, 'pretrain', f'swin_{variant}_seed0'), probe=False)
+        swin[variant] = store.get(f'swin_{variant}_seed0',
+                                  lambda cfg=cfg: dict(checkpoint=pretrain(cfg)[-1]))['checkpoint']
+    result = dict(mmdet={}, mmseg={})
+    for start in TRANSFER_FROM:
+        for target, config, checkpoint in (('mmdet', DET_CONFIG, swin[start]),
+                                           ('mmseg', SEG_CONFIG, vit_checkpoints[start])):
+            runs = []
+            for ft_seed in range(schedule['finetune_seeds']):
+                name = f'{target}_{start}_ft{ft_seed}'
+                runs.append(store.get(name, lambda c=config, k=checkpoint, n=name, t=target,
+                                      s=ft_seed: finetune(c, k, osp.join(out, 'transfer', n),
+                                                          scenes, s, t, options)))
+            result[target][start] = {key: [r[key] for r in runs] for key in runs[0]}
+    return result
+
+
+# --------------------------------------------------------------------------- summary
+def mean_std(values: List[float], digits: int = 1) -> str:
+    if len(values) == 1:
+        return f'{values[0]:.{digits}f}'
+    return f'{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}'
+
+
+def make_summary(num_prototypes: int, raw: dict, random_init: List[dict],
+                 rows: Dict[str, List[dict]], transfer: Optional[dict]) -> dict:
+    guidance_keys = ('attention_on_object_share', 'candidates_on_object_share',
+                     'masked_on_object_share')
+    summary = dict(
+        ln_k=math.log(num_prototypes),
+        knn_top1=dict(raw_pixels=raw['knn_top1'],
+                      random_init=[r['knn_top1'] for r in random_init],
+                      **{v: [r['knn_top1'] for r in runs] for v, runs in rows.items()}),
+        linear_top1=dict(raw_pixels=raw['linear_top1'],
+                         random_init=[r['linear_top1'] for r in random_init],
+                         **{v: [r['linear_top1'] for r in runs] for v, runs in rows.items()}),
+        last_loss_dino={v: [r['loss_dino'] for r in runs] for v, runs in rows.items()},
+        guidance=dict(object_area_share=random_init[0]['object_area_share'],
+                      **{v: {k: [r[k] for r in runs] for k in guidance_keys}
+                         for v, runs in rows.items()}),
+        transfer=transfer)
+    return summary
+
+
+def format_table(summary: dict, seeds: Dict[str, int]) -> str:
+    lines = [f"k-NN (k = {KNN_K}, T = 0.07) and linear-probe top-1 (%) on the 2,000 held-out "
+             f"object images, last DINO loss (ln K = {summary['ln_k']:.3f}), and the share "
+             'of the teacher\'s CLS attention, of the guided mask\'s candidates and of its '
+             'masked patches on the object (the object covers '
+             f"{summary['guidance']['object_area_share']:.3f} of the patches). Mean ± std "
+             'over seeds.', '',
+             '| features | seeds | k-NN | linear | last loss_dino | attention on object '
+             '| candidates on object | masked on object |',
+             '| --- | --- | --- | --- | --- | --- | --- | --- |']
+    knn, lin = summary['knn_top1'], summary['linear_top1']
+    lines.append(f"| raw pixels | - | {knn['raw_pixels']:.1f} | {lin['raw_pixels']:.1f} "
+                 '| - | - | - | - |')
+    lines.append(f"| random init | {len(knn['random_init'])} | {mean_std(knn['random_init'])} "
+                 f"| {mean_std(lin['random_init'])} | - | - | - | - |")
+    for variant in VARIANTS:
+        if variant not in summary['last_loss_dino']:
+            continue
+        g = summary['guidance'][variant]
+        lines.append(
+            f"| {variant} | {seeds[variant]} | {mean_std(knn[variant])} "
+            f"| {mean_std(lin[variant])} | {mean_std(summary['last_loss_dino'][variant], 3)} "
+            f"| {mean_std(g['attention_on_object_share'], 3)} "
+            f"| {mean_std(g['candidates_on_object_share'], 3)} "
+            f"| {mean_std(g['masked_on_object_share'], 3)} |")
+    transfer = summary.get('transfer')
+    if transfer:
+        lines += ['', 'Transfer to the scenes: Mask R-CNN box / mask mAP (MaskSwin-nano) and '
+                  'SETR-naive mIoU (ViT), mean ± std over fine-tune seeds.', '',
+                  '| initialisation | box mAP | mask mAP | mIoU |', '| --- | --- | --- | --- |']
+        for start in TRANSFER_FROM:
+            det, seg = transfer['mmdet'][start], transfer['mmseg'][start]
+            lines.append(f"| {start} | {mean_std(det['bbox_mAP'], 3)} "
+                         f"| {mean_std(det['segm_mAP'], 3)} | {mean_std(seg['mIoU'], 2)} |")
+    return '\n'.join(lines)
+
+
+# ---------------------------------------------------------------------------- pictures
+def write_pictures(rows: Dict[str, List[dict]], summary: dict, out: str,
+                   data_root: str) -> List[str]:
+    from mst_mm.visualization import plot_dino_curves, read_scalars
+    pictures = osp.join(out, 'pictures')
+    os.makedirs(pictures, exist_ok=True)
+    curves = {v: [read_scalars(osp.dirname(r["checkpoint"]), all_runs=True) for r in runs]
+              for v, runs in rows.items()}
+    written = [plot_dino_curves(curves, round(math.exp(summary['ln_k'])),
+                                osp.join(pictures, 'pretraining_curves.png'),
+                                title='evidence pretraining, every seed')]
+    written.append(plot_guidance_by_epoch(rows, summary['guidance']['object_area_share'],
+                                          osp.join(pictures, 'guidance_by_epoch.png')))
+    guided = rows.get('mst_guided_mask')
+    if guided:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(
+            'visualize_mst', osp.join(REPO, 'tools', 'analysis', 'visualize_mst.py'))
+        tool = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(tool)
+        test = osp.join(data_root, 'objects', 'test')
+        images = [sorted(glob.glob(osp.join(test, c, '*.png')))[0] for c in sorted(os.listdir(test))]
+        config = osp.join(osp.dirname(guided[0]['checkpoint']), osp.basename(VIT_CONFIG))
+        written.append(tool.main([config, guided[0]['checkpoint'], *images, '--out-dir',
+                                  pictures, '--grid', '--size', '96'])[-1])
+    return written
+
+
+def plot_guidance_by_epoch(rows: Dict[str, List[dict]], area: float, path: str) -> str:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for variant, runs in rows.items():
+        curve = runs[0].get('guidance_by_epoch')
+        if not curve:
+            continue
+        epochs = [c['epoch'] for c in curve]
+        axes[0].plot(epochs, [c['attention_on_object_share'] for c in curve], marker='o',
+                     label=variant)
+        axes[1].plot(epochs, [c['candidates_on_object_share'] for c in curve], marker='o',
+                     label=variant)
+    titles = ('CLS attention mass on the object', 'guided-mask candidates on the object')
+    for ax, title in zip(axes, titles):
+        ax.axhline(area, color='grey', linestyle='--', label='object area (= random)')
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel('epoch (seed 0)')
+        ax.set_ylim(0, 1)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# -------------------------------------------------------------------------------- main
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import mst_mm  # noqa: F401
+    from mst_mm.datasets.animal_shapes import write_object_images, write_scenes
+    schedule = SCHEDULES['quick' if args.quick else 'full']
+    out = args.out or ('work_dirs/evidence_quick' if args.quick else 'work_dirs/evidence')
+    write_object_images(osp.join(args.data_root, 'objects'))
+    write_scenes(osp.join(args.data_root, 'scenes'))
+    probe = Probe(args.data_root)
+    if args.only:
+        return rerun_row(args.only, probe, schedule, args.data_root, out)
+
+    store = Store(out)
+    raw = store.get('raw_pixels', probe.raw_pixels)
+    max_seeds = max(schedule['seeds'].values())
+    random_init = [random_init_row(store, probe, s, args.data_root, out)
+                   for s in range(max_seeds)]
+    rows = {v: [pretrained_row(store, probe, v, s, schedule['epochs'], args.data_root, out,
+                               guidance_curve=s == 0)
+                for s in range(n)]
+            for v, n in schedule['seeds'].items()}
+    transfer = None
+    if not args.skip_transfer:
+        vit = dict(random_init=random_init[0]['checkpoint'],
+                   **{v: rows[v][0]['checkpoint'] for v in TRANSFER_FROM[1:]})
+        transfer = transfer_rows(store, args.data_root, out, schedule['epochs'], schedule,
+                                 vit)
+    num_prototypes = Config.fromfile(VIT_CONFIG).model.head.out_channels
+    summary = make_summary(num_prototypes, raw, random_init, rows, transfer)
+    with open(osp.join(out, 'summary.json'), 'w') as f:
+        json.dump(summary, f, indent=2)
+    table = format_table(summary, schedule['seeds'])
+    with open(osp.join(out, 'evidence_table.md'), 'w') as f:
+        f.write(table + '\n')
+    pictures = write_pictures(rows, summary, out, args.data_root)
+    print('\n' + table)
+    print(f"\nsummary: {osp.join(out, 'summary.json')}\npictures: {', '.join(pictures)}")
+    return summary
+
+
+def rerun_row(only: str, probe: Probe, schedule: dict, data_root: str, out: str) -> dict:
+    variant, _, seed = only.partition(':')
+    if variant not in VARIANTS or not seed.isdigit():
+        raise SystemExit(f"--only takes VARIANT:SEED with VARIANT one of {', '.join(VARIANTS)}, "
+                         f'e.g. mst_guided_mask:1; got {only!r}.')
+    rerun_dir = osp.join(out, 'rerun')
+    row = pretrained_row(Store(rerun_dir), probe, variant, int(seed), schedule['epochs'],
+                         data_root, rerun_dir, guidance_curve=False)
+    print(f'{variant}, seed {seed}: k-NN {row["knn_top1"]:.1f}, linear {row["linear_top1"]:.1f}, '
+          f'last loss_dino {row["loss_dino"]:.3f}, attention on object '
+          f'{row["attention_on_object_share"]:.3f}, candidates on object '
+          f'{row["candidates_on_object_share"]:.3f}')
+    summary_path = osp.join(out, 'summary.json')
+    if osp.isfile(summary_path):
+        with open(summary_path) as f:
+            summary = json.load(f)
+        print(f"the full run's {variant} row: k-NN {mean_std(summary['knn_top1'][variant])}, "
+              f"linear {mean_std(summary['linear_top1'][variant])}")
+    return row
+
+
+if __name__ == '__main__':
+    main()
