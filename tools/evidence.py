@@ -54,6 +54,7 @@ VARIANTS = {
     'mst_guided_mask': dict(mask_cfg=dict(mode='attention', num=NUM, p=P)),
 }
 TRANSFER_FROM = ('random_init', 'dino', 'mst_guided_mask')
+DEFAULT_DATA_ROOT = 'data/animal_shapes'
 KNN_K = 20
 SCHEDULES = {
     # seeds per variant, pretraining epochs, fine-tune seeds, fine-tune overrides
@@ -67,21 +68,38 @@ SCHEDULES = {
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--quick', action='store_true',
-                        help='one seed, one pretraining epoch, short fine-tunes (minutes); '
-                        'the same keys as the full run')
+                        help='one seed, one short pretraining epoch, short fine-tunes '
+                        '(minutes); the same keys as the full run')
     parser.add_argument('--out', default=None,
                         help='output folder (default: work_dirs/evidence, or '
                         'work_dirs/evidence_quick with --quick)')
-    parser.add_argument('--data-root', default='data/animal_shapes',
-                        help='where the object images and scenes are written once '
-                        '(default: data/animal_shapes)')
+    parser.add_argument('--data-root', default=None,
+                        help='a folder with objects/ and scenes/ as '
+                        'tools/misc/write_animal_shapes.py writes them (default: '
+                        f'{DEFAULT_DATA_ROOT}, written on the first run)')
     parser.add_argument('--only', metavar='VARIANT:SEED',
                         help='rerun one row (pretraining, k-NN, linear probe, guidance) into '
                         'OUT/rerun and print it beside the full run\'s spread; variants: '
                         + ', '.join(VARIANTS))
+    parser.add_argument('--variants', default=','.join(VARIANTS),
+                        help='comma-separated variants to pretrain (default: all four)')
+    parser.add_argument('--seeds', type=int, default=None,
+                        help='seeds of every variant (default: the schedule\'s, 3 for dino '
+                        'and mst_guided_mask, 2 for the others)')
     parser.add_argument('--skip-transfer', action='store_true',
                         help='leave out the Mask R-CNN and SETR fine-tunes')
-    return parser.parse_args(argv)
+    parser.add_argument('--batch-size', type=int, default=None,
+                        help='pretraining batch size (default: the config\'s, 64)')
+    args = parser.parse_args(argv)
+    args.variants = [v for v in args.variants.split(',') if v]
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; choose from "
+                     f"{', '.join(VARIANTS)}")
+    if not args.skip_transfer and not set(TRANSFER_FROM[1:]) <= set(args.variants):
+        parser.error('the transfer rows start from dino and mst_guided_mask: keep both in '
+                     '--variants, or add --skip-transfer')
+    return args
 
 
 # ----------------------------------------------------------------------------- units
@@ -104,15 +122,25 @@ class Store:
         return value
 
 
-def pretrain_config(base: str, variant: str, seed: int, epochs: int, data_root: str,
+def pretrain_config(base: str, variant: str, seed: int, schedule: dict, data_root: str,
                     work_dir: str, probe: bool = True) -> Config:
+    """The pretraining config of one row: ``base`` with the variant's model, the seed, the
+    schedule's epochs (and, for --quick, every ``train_stride``-th train image) and batch."""
     cfg = Config.fromfile(base)
     cfg.merge_from_dict(dict(model=VARIANTS[variant]))  # nested dicts merge, None replaces
     objects = osp.join(data_root, 'objects')
-    cfg.train_dataloader.dataset.data_root = objects
+    dataset = cfg.train_dataloader.dataset
+    dataset.data_root = objects
+    if schedule.get('train_stride', 1) > 1:
+        # The images are listed class by class: a stride keeps every class.
+        with open(osp.join(objects, 'dataset.json')) as f:
+            num_train = json.load(f)['train']
+        dataset.indices = list(range(0, num_train, schedule['train_stride']))
+    if schedule.get('batch_size'):
+        cfg.train_dataloader.batch_size = schedule['batch_size']
     cfg.randomness = dict(seed=seed)
     cfg.work_dir = work_dir
-    _set_epochs(cfg, epochs)
+    _set_epochs(cfg, schedule['epochs'])
     if probe:
         cfg.custom_hooks.append(knn_probe_hook(objects))
     return cfg
@@ -127,7 +155,7 @@ def knn_probe_hook(objects: str) -> dict:
                                  pipeline=[dict(type='LoadImageFromFile'),
                                            dict(type='PackInputs')]))
     return dict(type='KNNProbeHook', interval=1, ks=(KNN_K, ),
-                train_dataloader=loader('train'), val_dataloader=loader('test'))
+                reference_dataloader=loader('train'), query_dataloader=loader('test'))
 
 
 def _set_epochs(cfg: Config, epochs: int) -> None:
@@ -196,8 +224,12 @@ class Probe:
                                                   self.test_labels))
 
     def model(self, model, classify: bool = True) -> dict:
-        from mst_mm.evaluation import (guidance_shares, knn_top1, linear_probe_top1,
-                                       patch_object_mask)
+        from mst_mm.evaluation import (
+            guidance_shares,
+            knn_top1,
+            linear_probe_top1,
+            patch_object_mask,
+        )
         from mst_mm.evaluation.frozen_features import embed_images
         backbone = model.teacher.module[0]
         mean, std = model.data_preprocessor.mean, model.data_preprocessor.std
@@ -213,19 +245,22 @@ class Probe:
         return result
 
 
-def pretrained_row(store: Store, probe: Probe, variant: str, seed: int, epochs: int,
+def pretrained_row(store: Store, probe: Probe, variant: str, seed: int, schedule: dict,
                    data_root: str, out: str, guidance_curve: bool) -> dict:
     """Pretrain one variant and seed, probe its last teacher (and, for the guidance curve,
     the teacher of every epoch)."""
     from mst_mm.visualization import final_values, read_scalars
     name = f'{variant}_seed{seed}'
     work_dir = osp.join(out, 'pretrain', name)
-    cfg = pretrain_config(VIT_CONFIG, variant, seed, epochs, data_root, work_dir)
+    cfg = pretrain_config(VIT_CONFIG, variant, seed, schedule, data_root, work_dir)
 
     def compute() -> dict:
         checkpoints = pretrain(cfg)
         row = probe.model(build_model(cfg, checkpoints[-1], seed))
-        row.update(final_values(read_scalars(work_dir, all_runs=True)))
+        scalars = read_scalars(work_dir, all_runs=True)
+        row.update(final_values(scalars))
+        probe_key = f'knn_probe_top1_k{KNN_K}'
+        row['knn_probe_by_iter'] = [[r['step'], r[probe_key]] for r in scalars if probe_key in r]
         if guidance_curve:
             row['guidance_by_epoch'] = [
                 dict(epoch=e, **probe.model(build_model(cfg, ckpt, seed), classify=False))
@@ -240,8 +275,8 @@ def random_init_row(store: Store, probe: Probe, seed: int, data_root: str, out: 
     path = osp.join(out, 'random_init', f'seed{seed}.pth')
 
     def compute() -> dict:
-        cfg = pretrain_config(VIT_CONFIG, 'mst_guided_mask', seed, 1, data_root, out,
-                              probe=False)
+        cfg = pretrain_config(VIT_CONFIG, 'mst_guided_mask', seed, dict(epochs=1), data_root,
+                              out, probe=False)
         model = build_model(cfg, None, seed)
         os.makedirs(osp.dirname(path), exist_ok=True)
         torch.save({'state_dict': model.state_dict()}, path)
@@ -251,7 +286,7 @@ def random_init_row(store: Store, probe: Probe, seed: int, data_root: str, out: 
 
 
 # -------------------------------------------------------------------------- transfer
-def transfer_rows(store: Store, data_root: str, out: str, epochs: int, schedule: dict,
+def transfer_rows(store: Store, data_root: str, out: str, schedule: dict,
                   vit_checkpoints: Dict[str, str]) -> dict:
     """Mask R-CNN (MaskSwin-nano) and SETR (ViT) fine-tuned on the scenes."""
     from mst_mm.evaluation.transfer import finetune
@@ -261,7 +296,7 @@ def transfer_rows(store: Store, data_root: str, out: str, epochs: int, schedule:
         options = dict(train_cfg=dict(max_iters=20, val_interval=20))
     swin = {'random_init': None}
     for variant in ('dino', 'mst_guided_mask'):
-        cfg = pretrain_config(SWIN_CONFIG, variant, 0, epochs, data_root,
+        cfg = pretrain_config(SWIN_CONFIG, variant, 0, schedule, data_root,
                               osp.join(out, 'pretrain', f'swin_{variant}_seed0'), probe=False)
         swin[variant] = store.get(f'swin_{variant}_seed0',
                                   lambda cfg=cfg: dict(checkpoint=pretrain(cfg)[-1]))['checkpoint']
@@ -364,7 +399,8 @@ def write_pictures(rows: Dict[str, List[dict]], summary: dict, out: str,
         tool = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(tool)
         test = osp.join(data_root, 'objects', 'test')
-        images = [sorted(glob.glob(osp.join(test, c, '*.png')))[0] for c in sorted(os.listdir(test))]
+        images = [sorted(glob.glob(osp.join(test, c, '*.png')))[0]
+                  for c in sorted(os.listdir(test))]
         config = osp.join(osp.dirname(guided[0]['checkpoint']), osp.basename(VIT_CONFIG))
         written.append(tool.main([config, guided[0]['checkpoint'], *images, '--out-dir',
                                   pictures, '--grid', '--size', '96'])[-1])
@@ -399,24 +435,39 @@ def plot_guidance_by_epoch(rows: Dict[str, List[dict]], area: float, path: str) 
 
 
 # -------------------------------------------------------------------------------- main
+def prepare_data(data_root: Optional[str], transfer: bool) -> str:
+    """The default data folder is written on the first run; a given one must exist."""
+    from mst_mm.datasets.animal_shapes import write_object_images, write_scenes
+    if data_root is None:
+        write_object_images(osp.join(DEFAULT_DATA_ROOT, 'objects'))
+        write_scenes(osp.join(DEFAULT_DATA_ROOT, 'scenes'))
+        return DEFAULT_DATA_ROOT
+    needed = ['objects/dataset.json'] + (['scenes/dataset.json'] if transfer else [])
+    missing = [n for n in needed if not osp.isfile(osp.join(data_root, n))]
+    if missing:
+        raise SystemExit(f"--data-root {data_root} lacks {', '.join(missing)}: write it with "
+                         f'python tools/misc/write_animal_shapes.py {data_root}, or leave '
+                         f'--data-root out to use {DEFAULT_DATA_ROOT}.')
+    return data_root
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     import mst_mm  # noqa: F401
-    from mst_mm.datasets.animal_shapes import write_object_images, write_scenes
-    schedule = SCHEDULES['quick' if args.quick else 'full']
+    schedule = dict(SCHEDULES['quick' if args.quick else 'full'])
+    schedule['seeds'] = {v: args.seeds or schedule['seeds'][v] for v in args.variants}
+    schedule['batch_size'] = args.batch_size
     out = args.out or ('work_dirs/evidence_quick' if args.quick else 'work_dirs/evidence')
-    write_object_images(osp.join(args.data_root, 'objects'))
-    write_scenes(osp.join(args.data_root, 'scenes'))
-    probe = Probe(args.data_root)
+    data_root = prepare_data(args.data_root, transfer=not args.skip_transfer)
+    probe = Probe(data_root)
     if args.only:
-        return rerun_row(args.only, probe, schedule, args.data_root, out)
+        return rerun_row(args.only, probe, schedule, data_root, out)
 
     store = Store(out)
     raw = store.get('raw_pixels', probe.raw_pixels)
     max_seeds = max(schedule['seeds'].values())
-    random_init = [random_init_row(store, probe, s, args.data_root, out)
-                   for s in range(max_seeds)]
-    rows = {v: [pretrained_row(store, probe, v, s, schedule['epochs'], args.data_root, out,
+    random_init = [random_init_row(store, probe, s, data_root, out) for s in range(max_seeds)]
+    rows = {v: [pretrained_row(store, probe, v, s, schedule, data_root, out,
                                guidance_curve=s == 0)
                 for s in range(n)]
             for v, n in schedule['seeds'].items()}
@@ -424,8 +475,7 @@ def main(argv=None) -> dict:
     if not args.skip_transfer:
         vit = dict(random_init=random_init[0]['checkpoint'],
                    **{v: rows[v][0]['checkpoint'] for v in TRANSFER_FROM[1:]})
-        transfer = transfer_rows(store, args.data_root, out, schedule['epochs'], schedule,
-                                 vit)
+        transfer = transfer_rows(store, data_root, out, schedule, vit)
     num_prototypes = Config.fromfile(VIT_CONFIG).model.head.out_channels
     summary = make_summary(num_prototypes, raw, random_init, rows, transfer)
     with open(osp.join(out, 'summary.json'), 'w') as f:
@@ -433,7 +483,7 @@ def main(argv=None) -> dict:
     table = format_table(summary, schedule['seeds'])
     with open(osp.join(out, 'evidence_table.md'), 'w') as f:
         f.write(table + '\n')
-    pictures = write_pictures(rows, summary, out, args.data_root)
+    pictures = write_pictures(rows, summary, out, data_root)
     print('\n' + table)
     print(f"\nsummary: {osp.join(out, 'summary.json')}\npictures: {', '.join(pictures)}")
     return summary
@@ -445,8 +495,8 @@ def rerun_row(only: str, probe: Probe, schedule: dict, data_root: str, out: str)
         raise SystemExit(f"--only takes VARIANT:SEED with VARIANT one of {', '.join(VARIANTS)}, "
                          f'e.g. mst_guided_mask:1; got {only!r}.')
     rerun_dir = osp.join(out, 'rerun')
-    row = pretrained_row(Store(rerun_dir), probe, variant, int(seed), schedule['epochs'],
-                         data_root, rerun_dir, guidance_curve=False)
+    row = pretrained_row(Store(rerun_dir), probe, variant, int(seed), schedule, data_root,
+                         rerun_dir, guidance_curve=False)
     print(f'{variant}, seed {seed}: k-NN {row["knn_top1"]:.1f}, linear {row["linear_top1"]:.1f}, '
           f'last loss_dino {row["loss_dino"]:.3f}, attention on object '
           f'{row["attention_on_object_share"]:.3f}, candidates on object '

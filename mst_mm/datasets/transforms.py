@@ -85,9 +85,10 @@ def _colour_distortion(jitter: str) -> list:
     ]
 
 
-def _blur(prob: float) -> dict:
+def _blur(prob: float, radius: Tuple[float, float]) -> dict:
     # magnitude_std='inf' draws the radius uniformly from the range at every call.
-    return dict(type='GaussianBlur', magnitude_range=(0.1, 2.0), magnitude_std='inf', prob=prob)
+    return dict(type='GaussianBlur', magnitude_range=tuple(radius), magnitude_std='inf',
+                prob=prob)
 
 
 @TRANSFORMS.register_module()
@@ -108,6 +109,9 @@ class MultiCrop(BaseTransform):
         local_scale (tuple): Area range of local crops. Defaults to (0.05, 0.4).
         interpolation (str): Resize interpolation. Defaults to 'bicubic'.
         backend (str): Resize backend. Defaults to 'pillow'.
+        blur_radius (tuple): Range of the Gaussian blur's radius in pixels of the crop.
+            Defaults to DINO's (0.1, 2.0), for 224-px crops: scale it with the crop size
+            for small images, or the blur erases the object's shape.
         fast_transforms (bool): Use :class:`ContiguousRandomResizedCrop` and
             :class:`FusedColorJitter`, which give the same images as mmpretrain's
             ``RandomResizedCrop`` and ``ColorJitter``, faster. False composes mmpretrain's
@@ -122,6 +126,7 @@ class MultiCrop(BaseTransform):
                  local_scale: Sequence[float] = (0.05, 0.4),
                  interpolation: str = 'bicubic',
                  backend: str = 'pillow',
+                 blur_radius: Sequence[float] = (0.1, 2.0),
                  fast_transforms: bool = True) -> None:
         if local_size > global_size:
             raise ValueError(f'Local crops ({local_size} px) must not be larger than global '
@@ -136,10 +141,13 @@ class MultiCrop(BaseTransform):
             return dict(type=crop_type, scale=size, crop_ratio_range=tuple(scale),
                         interpolation=interpolation, backend=backend)
 
-        global_1 = [crop(global_size, global_scale), *_colour_distortion(jitter), _blur(1.0)]
-        global_2 = [crop(global_size, global_scale), *_colour_distortion(jitter), _blur(0.1),
+        global_1 = [crop(global_size, global_scale), *_colour_distortion(jitter),
+                    _blur(1.0, blur_radius)]
+        global_2 = [crop(global_size, global_scale), *_colour_distortion(jitter),
+                    _blur(0.1, blur_radius),
                     dict(type='Solarize', thr=128, prob=0.2)]
-        local = [crop(local_size, local_scale), *_colour_distortion(jitter), _blur(0.5)]
+        local = [crop(local_size, local_scale), *_colour_distortion(jitter),
+                 _blur(0.5, blur_radius)]
         views, pipelines = [1, 1], [global_1, global_2]
         if num_local_crops:
             views.append(num_local_crops)

@@ -7,6 +7,7 @@ import os.path as osp
 from typing import Dict, List, Sequence
 
 CURVE_KEYS = ('loss_dino', 'teacher_entropy', 'teacher_student_kl')
+PROBE_PREFIX = 'knn_probe_top1_k'
 
 
 def read_scalars(work_dir: str, all_runs: bool = False) -> List[dict]:
@@ -46,7 +47,8 @@ def final_values(rows: List[dict], keys: Sequence[str] = CURVE_KEYS,
 def plot_dino_curves(runs: Dict[str, List[List[dict]]], num_prototypes: int,
                      out_file: str, title: str = '') -> str:
     """One figure, three panels: ``loss_dino``, teacher entropy and teacher-student KL
-    against the iteration, one colour per variant (one line per seed), ln K drawn in.
+    against the iteration, one colour per variant (one line per seed), ln K drawn in; and
+    a fourth with the k-NN probe's top-1 when a run logged it (``KNNProbeHook``).
 
     Args:
         runs (dict): Variant name -> the :func:`read_scalars` rows of each of its runs.
@@ -62,21 +64,29 @@ def plot_dino_curves(runs: Dict[str, List[List[dict]]], num_prototypes: int,
     import matplotlib.pyplot as plt
 
     log_k = math.log(num_prototypes)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    probe_keys = sorted({key for seed_runs in runs.values() for rows in seed_runs
+                         for row in rows for key in row if key.startswith(PROBE_PREFIX)})
+    keys = CURVE_KEYS + tuple(probe_keys[:1])
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4.2))
     labels = dict(loss_dino='DINO loss (unweighted by lambda_1 = 1)',
                   teacher_entropy='teacher entropy H(P_t)',
-                  teacher_student_kl='teacher-student KL')
+                  teacher_student_kl='teacher-student KL',
+                  **{key: f'k-NN probe top-1 (%), k = {key[len(PROBE_PREFIX):]}'
+                     for key in probe_keys})
     colours = plt.rcParams['axes.prop_cycle'].by_key()['color']
     for colour, (variant, seed_runs) in zip(colours, runs.items()):
         for seed, rows in enumerate(seed_runs):
-            for ax, key in zip(axes, CURVE_KEYS):
-                points = [(row['iter'], row[key]) for row in rows if key in row]
+            for ax, key in zip(axes, keys):
+                # Training rows carry 'iter'; the probe's rows only their 'step' (= iter).
+                points = [(row.get('iter', row.get('step')), row[key])
+                          for row in rows if key in row]
                 if points:
                     xs, ys = zip(*points)
                     ax.plot(xs, ys, color=colour, alpha=0.8, linewidth=1.2,
-                            label=variant if seed == 0 else None)
-    for ax, key in zip(axes, CURVE_KEYS):
-        if key != 'teacher_student_kl':
+                            label=variant if seed == 0 else None,
+                            marker='o' if key in probe_keys else None, markersize=3)
+    for ax, key in zip(axes, keys):
+        if key in ('loss_dino', 'teacher_entropy'):
             ax.axhline(log_k, color='black', linestyle='--', linewidth=1,
                        label=f'ln K = {log_k:.3f}')
         ax.set_title(labels[key])

@@ -1,0 +1,74 @@
+"""tools/evidence.py end to end on a few real silhouettes: the rows, the summary's keys, the
+k-NN probe curve and the resume-by-skipping of finished units."""
+import json
+import math
+
+import pytest
+
+from mst_mm.datasets.animal_shapes import write_object_images
+from tests.helpers import load_tool
+from tests.test_animal_shapes import small_package  # noqa: F401  (fixture)
+
+VARIANTS = ('dino', 'mst_decoder', 'mst_random_mask', 'mst_guided_mask')
+GUIDANCE_KEYS = {'attention_on_object_share', 'candidates_on_object_share',
+                 'masked_on_object_share'}
+
+
+@pytest.fixture(scope='module')
+def evidence():
+    return load_tool('tools/evidence.py')
+
+
+def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_package,  # noqa: F811
+                                                          evidence, capsys):
+    data_root = tmp_path / 'animals'
+    write_object_images(str(data_root / 'objects'), test_per_class=1, package_dir=small_package)
+    out = tmp_path / 'evidence'
+    argv = ['--quick', '--skip-transfer', '--data-root', str(data_root), '--out', str(out),
+            '--batch-size', '2', '--seeds', '2', '--variants', 'dino,mst_guided_mask']
+    summary = evidence.main(argv)
+
+    assert summary == json.loads((out / 'summary.json').read_text())
+    assert set(summary) == {'ln_k', 'knn_top1', 'linear_top1', 'last_loss_dino', 'guidance',
+                            'transfer'}
+    assert summary['transfer'] is None
+    assert summary['ln_k'] == pytest.approx(math.log(1024))
+    for key in ('knn_top1', 'linear_top1'):
+        assert set(summary[key]) == {'raw_pixels', 'random_init', 'dino', 'mst_guided_mask'}
+        assert isinstance(summary[key]['raw_pixels'], float)
+        assert all(len(summary[key][row]) == 2
+                   for row in ('random_init', 'dino', 'mst_guided_mask'))
+        assert all(0 <= v <= 100 for row in ('random_init', 'dino', 'mst_guided_mask')
+                   for v in summary[key][row])
+    # The two seeds are two different trainings.
+    assert summary['last_loss_dino']['dino'][0] != summary['last_loss_dino']['dino'][1]
+    guidance = summary['guidance']
+    assert 0 < guidance['object_area_share'] < 1
+    for variant in ('dino', 'mst_guided_mask'):
+        assert set(guidance[variant]) == GUIDANCE_KEYS
+        assert all(0 <= v <= 1 for key in GUIDANCE_KEYS for v in guidance[variant][key])
+
+    row = json.loads((out / 'results' / 'mst_guided_mask_seed0.json').read_text())
+    # The k-NN probe ran before training and after the epoch; its last value is the table's.
+    steps = [step for step, _ in row['knn_probe_by_iter']]
+    assert steps[0] == 0 and steps[-1] > 0
+    assert row['knn_probe_by_iter'][-1][1] == pytest.approx(row['knn_top1'])
+    assert [c['epoch'] for c in row['guidance_by_epoch']] == [1]
+    assert (out / 'pictures' / 'pretraining_curves.png').stat().st_size > 10_000
+    table = (out / 'evidence_table.md').read_text()
+    assert '| raw pixels |' in table and '| mst_guided_mask | 2 |' in table
+
+    # A second run skips every finished unit: same summary, no new training.
+    mtime = (out / 'results' / 'dino_seed1.json').stat().st_mtime
+    assert evidence.main(argv) == summary
+    assert (out / 'results' / 'dino_seed1.json').stat().st_mtime == mtime
+    capsys.readouterr()
+
+
+def test_bad_arguments_are_named(tmp_path, evidence):
+    with pytest.raises(SystemExit):
+        evidence.parse_args(['--variants', 'dino,mae'])
+    with pytest.raises(SystemExit):   # transfer starts from dino and mst_guided_mask
+        evidence.parse_args(['--variants', 'dino'])
+    with pytest.raises(SystemExit, match='write_animal_shapes'):
+        evidence.prepare_data(str(tmp_path), transfer=False)
