@@ -141,21 +141,15 @@ def pretrain_config(base: str, variant: str, seed: int, schedule: dict, data_roo
     cfg.randomness = dict(seed=seed)
     cfg.work_dir = work_dir
     _set_epochs(cfg, schedule['epochs'])
-    if probe:
-        cfg.custom_hooks.append(knn_probe_hook(objects))
+    # The config's k-NN probe (KNNProbeHook) reads this data root's train and test splits.
+    hooks = [h for h in cfg.custom_hooks if h.type != 'KNNProbeHook']
+    for hook in cfg.custom_hooks:
+        if hook.type == 'KNNProbeHook' and probe:
+            hook.reference_dataloader.dataset.data_root = osp.join(objects, 'train')
+            hook.query_dataloader.dataset.data_root = osp.join(objects, 'test')
+            hooks.append(hook)
+    cfg.custom_hooks = hooks
     return cfg
-
-
-def knn_probe_hook(objects: str) -> dict:
-    """The k-NN probe during pretraining: reference = train split, query = test split."""
-    def loader(split: str) -> dict:
-        return dict(batch_size=500, num_workers=0,
-                    sampler=dict(type='DefaultSampler', shuffle=False),
-                    dataset=dict(type='CustomDataset', data_root=osp.join(objects, split),
-                                 pipeline=[dict(type='LoadImageFromFile'),
-                                           dict(type='PackInputs')]))
-    return dict(type='KNNProbeHook', interval=1, ks=(KNN_K, ),
-                reference_dataloader=loader('train'), query_dataloader=loader('test'))
 
 
 def _set_epochs(cfg: Config, epochs: int) -> None:

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # README Quick start, command 1: set up .venv (idempotent; mmcv-lite, so no compile, unless a
-# compiled mmcv is already there), then tools/demo.py: bundled real textures, MST and its
-# baselines pretrained, a k-NN table and pictures. Extra arguments go to tools/demo.py
-# (e.g. --seeds 3). Offline: MST_MM_WHEELHOUSE=DIR (see docs/install.md).
+# compiled mmcv is already there), then the evidence run's demo (tools/evidence.py): real
+# animal silhouettes rendered as object images, the DINO baseline and MST with the
+# attention-guided mask pretrained (one seed), their k-NN, linear probe and guidance rows
+# against raw pixels and a random network, curves and pictures in work_dirs/mst_demo.
+# Extra arguments go to tools/evidence.py (e.g. --seeds 3, or --variants with all four).
+# Offline: MST_MM_WHEELHOUSE=DIR (see docs/install.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/tools/setup_env.sh"
 cd "$ROOT"
-PY="$ROOT/.venv/bin/python"
-"$PY" tools/demo.py --work-dir work_dirs/mst_demo "$@"
+exec "$ROOT/.venv/bin/python" tools/evidence.py --out work_dirs/mst_demo --skip-transfer \
+    --variants dino,mst_guided_mask --seeds 1 "$@"

@@ -1,8 +1,8 @@
-# The Quick-start demo: the full MST recipe (multi-crop, attention-guided masking, image
-# decoder, EMA teacher, DINO schedules) scaled down to a tiny ViT that pretrains in minutes
-# on 2 CPU cores, on grey, rank-equalised 32 x 32 texture patches cut from images that ship
-# with scikit-image (mst_mm/datasets/demo_textures.py). Train on your own folder of images
-# by changing `data_root` (one sub-folder per class; labels are only used by kNN evaluation).
+# The full MST recipe (multi-crop, attention-guided masking, image decoder, EMA teacher, DINO
+# schedules) scaled down to a tiny ViT that trains in minutes on 2 CPU cores: the base of the
+# evidence recipe (mst_vit-tiny-p4_1xb64-coslr-8e_animals.py, Quick-start command 1) and of
+# the tests. Train on your own folder of 32-px images by changing `data_root` (one
+# sub-folder per class; labels are only used by k-NN evaluation).
 _base_ = [
     '../_base_/models/mst_deit-s.py',
     '../_base_/schedules/mst_adamw_300e.py',

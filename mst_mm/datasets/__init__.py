@@ -5,8 +5,6 @@ from .checked_dataset import (
     LoadImageOrSkip,
     image_problem,
 )
-from .demo_textures import SOURCES as DEMO_TEXTURES
-from .demo_textures import stratified_split, texture_patches, write_demo_dataset
 from .folder_scan import IgnoredEntries, scan_image_folder, why_not_a_file
 from .image_folder import LAYOUTS, PretrainImageFolder, describe_layouts, detect_layout
 from .image_format import format_from_extension, sniff_image_format, undecodable_reason
@@ -14,10 +12,9 @@ from .transforms import ContiguousRandomResizedCrop, FusedColorJitter, MultiCrop
 from .worker_init import worker_init_from_torch_seed
 
 __all__ = [
-    'CheckedImageDataset', 'CheckedImageNet', 'ContiguousRandomResizedCrop', 'DEMO_TEXTURES',
+    'CheckedImageDataset', 'CheckedImageNet', 'ContiguousRandomResizedCrop',
     'FusedColorJitter', 'IgnoredEntries', 'LAYOUTS', 'LoadImageOrSkip', 'MultiCrop',
     'OWN_DATA_HINT', 'PretrainImageFolder', 'describe_layouts', 'detect_layout',
     'format_from_extension', 'image_problem', 'scan_image_folder', 'sniff_image_format',
-    'stratified_split', 'texture_patches', 'undecodable_reason', 'why_not_a_file',
-    'worker_init_from_torch_seed', 'write_demo_dataset'
+    'undecodable_reason', 'why_not_a_file', 'worker_init_from_torch_seed'
 ]
