@@ -1,7 +1,7 @@
 """Weighted k-NN top-1 of a checkpoint, as a table (and JSON).
 
     python tools/analysis/knn_eval.py configs/benchmarks/knn/knn_vit-tiny_demo.py \
-        work_dirs/mst_demo/seed0/mst/epoch_10.pth [--weights student] [--ks 10 20] \
+        CKPT [--weights student] [--ks 10 20] \
         [--out knn.json]
     # 8 GPUs (or CPU processes) share the feature extraction:
     torchrun --nproc_per_node 8 tools/analysis/knn_eval.py CONFIG CKPT --launcher pytorch

@@ -1,8 +1,7 @@
 # Weighted k-NN (paper appendix: cosine similarity, T = 0.07, k in {10, 20, 100, 200}) of the
-# demo's tiny ViT on the held-out split of the demo textures.
-# tools/demo.py writes WORK_DIR/seed<S>/<variant>/epoch_<epochs>.pth; its MST run, seed 0:
-#   python tools/analysis/knn_eval.py configs/benchmarks/knn/knn_vit-tiny_demo.py \
-#       work_dirs/mst_demo/seed0/mst/epoch_10.pth
+# tiny ViT of configs/mst/mst_vit-tiny-p4_1xb64-coslr-10e_demo.py, on a folder with
+# train/<class>/ and val/<class>/ images (set data_root below):
+#   python tools/analysis/knn_eval.py configs/benchmarks/knn/knn_vit-tiny_demo.py CKPT
 _base_ = ['../../_base_/default_runtime.py']
 
 data_root = 'data/mst_demo'
