@@ -88,6 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         'and mst_guided_mask, 2 for the others)')
     parser.add_argument('--skip-transfer', action='store_true',
                         help='leave out the Mask R-CNN and SETR fine-tunes')
+    parser.add_argument('--threads', type=int, default=1,
+                        help='torch threads of the training process (default: 1; on 2 cores '
+                        'the data workers use the other, and 2 threads thrash when anything '
+                        'else runs beside)')
     parser.add_argument('--batch-size', type=int, default=None,
                         help='pretraining batch size (default: the config\'s, 64)')
     args = parser.parse_args(argv)
@@ -448,6 +452,7 @@ def prepare_data(data_root: Optional[str], transfer: bool) -> str:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     import mst_mm  # noqa: F401
+    torch.set_num_threads(args.threads)
     schedule = dict(SCHEDULES['quick' if args.quick else 'full'])
     schedule['seeds'] = {v: args.seeds or schedule['seeds'][v] for v in args.variants}
     schedule['batch_size'] = args.batch_size
