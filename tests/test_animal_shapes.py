@@ -8,9 +8,16 @@ import pytest
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-from mst_mm.datasets.animal_shapes import (CLASSES, load_object_masks, load_silhouettes,
-                                           render_object_image, stratified_split, tight_box,
-                                           write_object_images, write_scenes)
+from mst_mm.datasets.animal_shapes import (
+    CLASSES,
+    load_object_masks,
+    load_silhouettes,
+    render_object_image,
+    stratified_split,
+    tight_box,
+    write_object_images,
+    write_scenes,
+)
 
 
 @pytest.fixture(scope='module')

@@ -3,7 +3,7 @@ its checkpoints transfer? On real animal silhouettes, on a CPU (tools/run_eviden
 
 1. Writes the data once (``mst_mm/datasets/animal_shapes.py``): 8,000 / 2,000 object images
    (32 x 32, one animal) and detection / segmentation scenes (64 x 64, 1-4 animals).
-2. Pretrains the tiny ViT of ``configs/mst/mst_vit-tiny-p4_1xb64-coslr-8e_animals.py`` as
+2. Pretrains the tiny ViT of ``configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py`` as
    the paper's Table 4 at CPU scale: the DINO baseline, MST's decoder alone, the decoder
    with a random mask hiding the same expected share of patches as the guided one
    (p / num), and the decoder with the attention-guided mask (num = 8, p = 0.1). A k-NN
@@ -38,8 +38,8 @@ from mmengine.config import Config
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-VIT_CONFIG = osp.join(REPO, 'configs', 'mst', 'mst_vit-tiny-p4_1xb64-coslr-8e_animals.py')
-SWIN_CONFIG = osp.join(REPO, 'configs', 'mst', 'mst_swin-nano-p4-w4_1xb64-coslr-8e_animals.py')
+VIT_CONFIG = osp.join(REPO, 'configs', 'mst', 'mst_vit-tiny-p4_1xb64-coslr-6e_animals.py')
+SWIN_CONFIG = osp.join(REPO, 'configs', 'mst', 'mst_swin-nano-p4-w4_1xb64-coslr-6e_animals.py')
 DET_CONFIG = osp.join(REPO, 'configs', 'benchmarks', 'mmdetection',
                       'mask-rcnn_mst-swin-nano_fpn_animal-scenes.py')
 SEG_CONFIG = osp.join(REPO, 'configs', 'benchmarks', 'mmsegmentation',

@@ -1,6 +1,6 @@
 # The full MST recipe (multi-crop, attention-guided masking, image decoder, EMA teacher, DINO
 # schedules) scaled down to a tiny ViT that trains in minutes on 2 CPU cores: the base of the
-# evidence recipe (mst_vit-tiny-p4_1xb64-coslr-8e_animals.py, Quick-start command 1) and of
+# evidence recipe (mst_vit-tiny-p4_1xb64-coslr-6e_animals.py, Quick-start command 1) and of
 # the tests. Train on your own folder of 32-px images by changing `data_root` (one
 # sub-folder per class; labels are only used by k-NN evaluation).
 _base_ = [

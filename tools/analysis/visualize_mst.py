@@ -4,7 +4,7 @@ bar, the attention-guided mask (candidates outlined, masked patches filled and h
 against a random mask at the same p, and the decoder's reconstruction. Each row is named
 by the image's folder (its class in a class-folder dataset) unless --labels says otherwise.
 
-    python tools/analysis/visualize_mst.py configs/mst/mst_vit-tiny-p4_1xb64-coslr-8e_animals.py \
+    python tools/analysis/visualize_mst.py configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py \
         work_dirs/mst_demo/pretrain/mst_guided_mask_seed0/epoch_6.pth \
         data/animal_shapes/objects/test/cat/*.png \
         --out-dir work_dirs/pictures --grid

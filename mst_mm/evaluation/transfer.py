@@ -1,0 +1,211 @@
+"""Fine-tune Mask R-CNN (mmdet) or SETR (mmseg) on the animal scenes, in this process.
+
+The transfer leg of the evidence run (``tools/evidence.py``): an MST training checkpoint (or
+nothing, for random initialisation) is converted for the downstream config's backbone
+(:func:`mst_mm.engine.downstream_export.convert_for_downstream`, the core of
+``tools/model_converters/mst2downstream.py``), fine-tuned with mmengine's ``Runner`` on the
+scenes that :func:`mst_mm.datasets.animal_shapes.write_scenes` writes, and evaluated on their
+val split. mmdet and mmseg are imported only when a fine-tune runs.
+"""
+import copy
+import logging
+import os
+import os.path as osp
+import time
+from typing import Dict, Optional
+
+import torch
+from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.logging import print_log
+from mmengine.registry import DefaultScope
+
+from mst_mm.engine.downstream_export import convert_for_downstream
+from mst_mm.engine.errors import IncompleteCheckpointError
+
+# The metrics that finetune returns, by target: {returned name: evaluator's name}.
+TRANSFER_METRICS = {
+    'mmdet': {'bbox_mAP': 'coco/bbox_mAP', 'segm_mAP': 'coco/segm_mAP'},
+    'mmseg': {'mIoU': 'mIoU'},
+}
+
+
+class PretrainedBackboneCheck(Hook):
+    """Refuse to train unless every converted tensor is in the backbone after init.
+
+    mmdet's Swin and mmseg's ViT load ``init_cfg=dict(type='Pretrained')`` with
+    ``strict=False`` and report nothing; this hook runs at ``before_train``, after the
+    runner initialised the weights, and compares the backbone with the converted tensors.
+
+    Args:
+        converted (dict): The converted tensors under the backbone's own names.
+        source (str): The converted file, for the message.
+    """
+    priority = 'VERY_HIGH'
+
+    def __init__(self, converted: Dict[str, torch.Tensor], source: str) -> None:
+        self.converted = converted
+        self.source = source
+
+    def before_train(self, runner) -> None:
+        model = runner.model.module if hasattr(runner.model, 'module') else runner.model
+        state = model.backbone.state_dict()
+        missing = sorted(k for k in self.converted if k not in state)
+        different = sorted(k for k in self.converted if k in state and not torch.equal(
+            state[k].detach().cpu(), self.converted[k].detach().cpu()))
+        if missing or different:
+            shown = ', '.join((missing + different)[:8])
+            raise IncompleteCheckpointError(
+                f'{self.source} did not load into the {type(model.backbone).__name__}: '
+                f'{len(missing)} converted tensors have no place in it and {len(different)} '
+                f'differ from it after initialisation ({shown}). The backbone would be '
+                'fine-tuned from (partly) random weights.')
+        print_log(f'All {len(self.converted)} converted tensors are in the backbone after '
+                  f'init ({self.source}).', logger='current')
+
+
+class LastValMetrics(Hook):
+    """Keeps the metrics of the last validation (the one at the end of training)."""
+    priority = 'LOWEST'
+
+    def __init__(self) -> None:
+        self.metrics: Optional[dict] = None
+
+    def after_val_epoch(self, runner, metrics: Optional[dict] = None) -> None:
+        self.metrics = dict(metrics or {})
+
+
+def _fit_schedule(cfg: Config, old_max_iters: int) -> None:
+    """Scale the iteration-based schedulers' begin / end to a changed ``max_iters``."""
+    new_max_iters = cfg.train_cfg.max_iters
+    if new_max_iters == old_max_iters:
+        return
+    scale = new_max_iters / old_max_iters
+    for scheduler in cfg.get('param_scheduler') or []:
+        if scheduler.get('by_epoch', True):
+            continue
+        begin = round(scheduler.get('begin', 0) * scale)
+        end = scheduler.get('end')
+        scheduler.begin = begin
+        if end is not None:
+            scheduler.end = max(round(end * scale), begin + 1)
+    checkpoint = cfg.get('default_hooks', {}).get('checkpoint')
+    if checkpoint is not None and checkpoint.get('interval', 0) == old_max_iters:
+        checkpoint.interval = new_max_iters
+
+
+def _point_at_scenes(cfg: Config, scenes_root: str) -> None:
+    """Every dataset's ``data_root`` and every evaluator's ``ann_file`` under ``scenes_root``."""
+    old_root = cfg.get('data_root')
+    for split in ('train', 'val', 'test'):
+        loader = cfg.get(f'{split}_dataloader')
+        if loader:
+            loader.dataset.data_root = scenes_root
+        evaluator = cfg.get(f'{split}_evaluator')
+        for metric in (evaluator if isinstance(evaluator, list) else [evaluator]):
+            if metric and metric.get('ann_file'):
+                name = metric.ann_file
+                if old_root and name.startswith(old_root):
+                    name = name[len(old_root):].lstrip('/')
+                metric.ann_file = osp.join(scenes_root, name)
+    cfg.data_root = scenes_root
+
+
+def finetune(config_path: str, checkpoint: Optional[str], work_dir: str, scenes_root: str,
+             seed: int, target: str, options: Optional[dict] = None) -> Dict[str, float]:
+    """Fine-tune a downstream config on the scenes from an MST checkpoint and evaluate it.
+
+    The checkpoint's EMA teacher backbone is converted for the config's backbone into
+    ``work_dir/<target>_backbone.pth`` (keys and shapes checked against it; a ViT's position
+    embedding resized to the scenes' grid), loaded through the backbone's
+    ``init_cfg=dict(type='Pretrained')``, and checked to be in the model after init
+    (:class:`PretrainedBackboneCheck`). Then mmengine's ``Runner`` trains with
+    ``randomness=dict(seed=seed)`` and validates on the val scenes at the end.
+
+    Args:
+        config_path (str): The mmdet or mmseg config, e.g.
+            ``configs/benchmarks/mmdetection/mask-rcnn_mst-swin-nano_fpn_animal-scenes.py``.
+        checkpoint (str, optional): An MST training checkpoint as mmengine saves it (a dict
+            with ``state_dict``); None fine-tunes from the backbone's random initialisation.
+        work_dir (str): Where the converted backbone, logs and the last checkpoint go.
+        scenes_root (str): The folder that ``write_scenes`` wrote (``train/``, ``val/``,
+            ``annotations/``, ``labels/``); every dataset and evaluator is pointed at it.
+        seed (int): The fine-tune's seed.
+        target (str): ``'mmdet'`` or ``'mmseg'``.
+        options (dict, optional): Merged into the config (``Config.merge_from_dict``), e.g.
+            ``dict(train_cfg=dict(max_iters=20, val_interval=20))``. When it changes
+            ``train_cfg.max_iters``, the iteration-based schedulers' begin / end are scaled
+            to it, as is a checkpoint interval equal to the old length.
+
+    Returns:
+        dict: Plain floats. ``'mmdet'``: ``bbox_mAP`` and ``segm_mAP``, COCO mAP@[.5:.95] on
+        the 0-1 scale as mmdet's ``CocoMetric`` prints it (0.0 when the model detected
+        nothing at all, which ``CocoMetric`` reports without a value). ``'mmseg'``: ``mIoU``
+        in percent (0-100, background included), as mmseg's ``IoUMetric`` prints it.
+
+    Raises:
+        ValueError: An unknown ``target``.
+        FileNotFoundError: ``scenes_root`` has no scenes.
+        ConversionError: The checkpoint does not fit the config's backbone.
+        IncompleteCheckpointError: The converted weights did not end up in the model.
+    """
+    if target not in TRANSFER_METRICS:
+        raise ValueError(f'target must be one of {sorted(TRANSFER_METRICS)}, got {target!r}.')
+    if not osp.isdir(osp.join(scenes_root, 'train')) or not osp.isdir(
+            osp.join(scenes_root, 'val')):
+        raise FileNotFoundError(
+            f'{scenes_root} has no train/ and val/ scenes: write them with '
+            f"python -c \"from mst_mm.datasets.animal_shapes import write_scenes; "
+            f"write_scenes('{scenes_root}')\"")
+    cfg = Config.fromfile(config_path)
+    old_max_iters = cfg.train_cfg.max_iters
+    if options:
+        cfg.merge_from_dict(copy.deepcopy(options))
+        if 'param_scheduler' not in options:
+            _fit_schedule(cfg, old_max_iters)
+    _point_at_scenes(cfg, scenes_root)
+    cfg.work_dir = work_dir
+    cfg.randomness = dict(seed=seed)
+    cfg.launcher = 'none'
+    if cfg.get('visualizer'):
+        # mmengine hands out an existing visualizer of the same name, with the vis backends
+        # (and log folder) of an earlier fine-tune in this process: one name per run.
+        cfg.visualizer.name = f'transfer_{osp.abspath(work_dir)}_{time.time_ns()}'
+    os.makedirs(work_dir, exist_ok=True)
+
+    hooks = [LastValMetrics()]
+    if checkpoint is None:
+        cfg.model.backbone.init_cfg = None
+    else:
+        converted_path = osp.join(work_dir, f'{target}_backbone.pth')
+        converted = convert_for_downstream(
+            checkpoint, converted_path, target, cfg,
+            log=lambda line: print_log(line, logger='current'))
+        cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=converted_path)
+        hooks.append(PretrainedBackboneCheck(converted, converted_path))
+
+    from mmengine.runner import Runner
+    current = DefaultScope.get_current_instance()
+    # The runner makes mmdet's or mmseg's scope the current one; the caller's comes back.
+    with DefaultScope.overwrite_default_scope(current.scope_name if current else None):
+        runner = Runner.from_cfg(cfg)
+        for hook in hooks:
+            runner.register_hook(hook)
+        runner.train()
+    metrics = hooks[0].metrics
+    if metrics is None:
+        raise RuntimeError(f'{config_path} ran no validation: set val_cfg, val_dataloader and '
+                           'val_evaluator.')
+    result = {}
+    for name, key in TRANSFER_METRICS[target].items():
+        if key in metrics:
+            result[name] = float(metrics[key])
+        elif target == 'mmdet' and not any(k.startswith('coco/') for k in metrics):
+            # CocoMetric returns no AP when the model detected nothing in the whole val set.
+            print_log(f'No detections on the val scenes: {name} is 0.', logger='current',
+                      level=logging.WARNING)
+            result[name] = 0.0
+        else:
+            raise KeyError(f'The validation of {config_path} reported {sorted(metrics)}, '
+                           f'not {key!r}.')
+    return result
