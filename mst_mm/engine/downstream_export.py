@@ -40,6 +40,18 @@ VIT_TO_MMSEG = ((re.compile(r'^(layers\.\d+\.attn)\.qkv\.(weight|bias)$'), r'\1.
 SWIN_STAGE_NORM = re.compile(r'^norm(\d+)\.(weight|bias)$')
 
 
+
+def load_training_checkpoint(checkpoint: str, out: str) -> dict:
+    """An MST training checkpoint, refused when it is ``out`` or holds no ``state_dict``."""
+    if osp.abspath(out) == osp.abspath(checkpoint):
+        raise ConversionError(f'OUT is the input checkpoint {checkpoint}: choose another path, '
+                              'the converted file holds only the backbone.')
+    loaded = load_local_checkpoint(checkpoint, map_location='cpu')
+    if not isinstance(loaded, dict) or 'state_dict' not in loaded:
+        raise ConversionError(f'{checkpoint} is not an MST training checkpoint: expected a dict '
+                              "with a 'state_dict' entry, as mmengine saves.")
+    return loaded
+
 def rename_for_target(backbone: Dict[str, torch.Tensor], target: str) -> Dict[str, torch.Tensor]:
     """mmpretrain names -> the target framework's names (mmdet's Swin shares them)."""
     if target == 'mmdet':
@@ -157,13 +169,7 @@ def convert_for_downstream(checkpoint: str, out: str, target: str, config,
     if target not in DOWNSTREAM_TARGETS:
         raise ConversionError(f'target must be one of {sorted(DOWNSTREAM_TARGETS)}, '
                               f'got {target!r}.')
-    if osp.abspath(out) == osp.abspath(checkpoint):
-        raise ConversionError(f'OUT is the input checkpoint {checkpoint}: choose another path, '
-                              'the converted file holds only the backbone.')
-    loaded = load_local_checkpoint(checkpoint, map_location='cpu')
-    if not isinstance(loaded, dict) or 'state_dict' not in loaded:
-        raise ConversionError(f'{checkpoint} is not an MST training checkpoint: expected a dict '
-                              "with a 'state_dict' entry, as mmengine saves.")
+    loaded = load_training_checkpoint(checkpoint, out)
     backbone = extract_backbone(loaded['state_dict'], weights, checkpoint)
     kind = backbone_kind(backbone)
     spec = DOWNSTREAM_TARGETS[target]

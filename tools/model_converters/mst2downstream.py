@@ -39,7 +39,6 @@ import torch
 # Running as `python tools/...` from a source checkout must work without an install.
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-from mst_mm.engine import load_local_checkpoint  # noqa: E402
 from mst_mm.engine.backbone_export import (  # noqa: E402
     PRETRAIN_ONLY_KEYS,
     SOURCE_PREFIXES,
@@ -53,6 +52,7 @@ from mst_mm.engine.downstream_export import (  # noqa: E402,F401  (re-exported)
     DOWNSTREAM_TARGETS,
     build_target_backbone,
     convert_for_downstream,
+    load_training_checkpoint,
     match_target,
     rename_for_target,
     resize_pos_embed,
@@ -99,13 +99,7 @@ def convert(checkpoint: str, out: str, target: str, weights: str = 'teacher',
             config: str = None) -> Dict[str, torch.Tensor]:
     """Convert ``checkpoint`` and write ``out``; returns the converted backbone tensors."""
     if target in BACKBONE_ONLY:
-        if osp.abspath(out) == osp.abspath(checkpoint):
-            raise ConversionError(f'OUT is the input checkpoint {checkpoint}: choose another '
-                                  'path, the converted file holds only the backbone.')
-        loaded = load_local_checkpoint(checkpoint, map_location='cpu')
-        if not isinstance(loaded, dict) or 'state_dict' not in loaded:
-            raise ConversionError(f'{checkpoint} is not an MST training checkpoint: expected a '
-                                  "dict with a 'state_dict' entry, as mmengine saves.")
+        loaded = load_training_checkpoint(checkpoint, out)
         backbone = extract_backbone(loaded['state_dict'], weights, checkpoint)
         kind = backbone_kind(backbone)
         return export_backbone_only(backbone, kind, loaded, checkpoint, out, target, weights)
