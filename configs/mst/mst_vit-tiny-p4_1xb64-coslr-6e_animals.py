@@ -28,7 +28,8 @@ train_dataloader = dict(
         _delete_=True,
         type='PretrainImageFolder',
         data_root=data_root,
-        data_layout='imagenet',  # <data_root>/train/<class>/*.png; labels are not used
+        split='train',
+        data_layout='auto',  # finds <data_root>/train/<class>/*.png; labels are not used
         pipeline=[
             dict(type='LoadImageOrSkip'),
             # DINO's blur radius (0.1-2.0 px) is for 224-px crops: on 32 px it erases the
