@@ -138,3 +138,27 @@ def test_states_are_sent_every_iteration_only_when_checkpoints_are_saved_by_iter
         hook.before_train(runner)
         hook.after_train_iter(runner, 0)
         assert len(sent) == expected
+
+
+class StateOnTheGPU:
+    """A saved generator state as ``Runner.resume`` hands it over on a GPU machine, where its
+    ``map_location`` moved every tensor of the checkpoint to the GPU: torch's setters refuse
+    it; only a copy back to the CPU (``.to``) gives them the bytes."""
+
+    device = torch.device('cuda', 0)
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def to(self, device=None, dtype=None) -> torch.Tensor:
+        assert torch.device(device).type == 'cpu'
+        return self.tensor.to(dtype=dtype)
+
+
+def test_a_state_loaded_onto_the_gpu_is_restored(rank):
+    seed_rank(0, 0, 0)
+    saved = get_rng_state()
+    expected = draws()
+    mapped = dict(saved, torch=StateOnTheGPU(saved['torch']))
+    set_rng_state(mapped)
+    assert draws() == expected

@@ -24,14 +24,22 @@ def get_rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     """Put back states that :func:`get_rng_state` returned.
 
+    The torch and CUDA setters take CPU byte tensors only, but ``Runner.resume`` loads
+    checkpoints with a ``map_location`` (a GPU, by default on GPU machines) that moves every
+    saved tensor, these states included: each is brought back to the CPU as bytes first.
+
     Args:
         state (dict): ``torch``, ``numpy``, ``python`` and optionally ``cuda`` states.
     """
-    torch.set_rng_state(state['torch'])
+    torch.set_rng_state(_cpu_bytes(state['torch']))
     np.random.set_state(state['numpy'])
     random.setstate(state['python'])
     if 'cuda' in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state['cuda'])
+        torch.cuda.set_rng_state_all([_cpu_bytes(s) for s in state['cuda']])
+
+
+def _cpu_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to(device='cpu', dtype=torch.uint8)
 
 
 def seed_rank(seed: int, rank: int, iteration: int) -> None:
