@@ -59,7 +59,7 @@ KNN_K = 20
 SCHEDULES = {
     # seeds per variant, pretraining epochs, fine-tune seeds, fine-tune overrides
     'full': dict(seeds=dict(dino=3, mst_decoder=2, mst_random_mask=2, mst_guided_mask=3),
-                 epochs=8, finetune_seeds=2, finetune=None),
+                 epochs=6, finetune_seeds=2, finetune=None),
     'quick': dict(seeds=dict(dino=1, mst_decoder=1, mst_random_mask=1, mst_guided_mask=1),
                   epochs=1, finetune_seeds=1, finetune='quick'),
 }
@@ -86,6 +86,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--seeds', type=int, default=None,
                         help='seeds of every variant (default: the schedule\'s, 3 for dino '
                         'and mst_guided_mask, 2 for the others)')
+    parser.add_argument('--epochs', type=int, default=None,
+                        help='pretraining epochs of every run (default: 6, the config\'s; '
+                        '1 with --quick); the schedule is scaled to them')
     parser.add_argument('--skip-transfer', action='store_true',
                         help='leave out the Mask R-CNN and SETR fine-tunes')
     parser.add_argument('--threads', type=int, default=1,
@@ -456,6 +459,7 @@ def main(argv=None) -> dict:
     schedule = dict(SCHEDULES['quick' if args.quick else 'full'])
     schedule['seeds'] = {v: args.seeds or schedule['seeds'][v] for v in args.variants}
     schedule['batch_size'] = args.batch_size
+    schedule['epochs'] = args.epochs or schedule['epochs']
     out = args.out or ('work_dirs/evidence_quick' if args.quick else 'work_dirs/evidence')
     data_root = prepare_data(args.data_root, transfer=not args.skip_transfer)
     probe = Probe(data_root)
