@@ -16,6 +16,12 @@ mmengine also logs one INFO line "paramwise_options -- NAME:KEY=VALUE" per setti
 parameter that ``paramwise_cfg`` touches: 118 lines on the console for DeiT-S (every bias
 and norm gets ``weight_decay=0.0``). Here the console gets one line that counts them, and
 the full list goes to the run's log file, as mmengine does with its initialisation dump.
+
+mmpretrain's ``tools/train.py --amp`` (what ``mim train mmpretrain CONFIG --amp`` runs) sets
+``optim_wrapper.type = 'AmpOptimWrapper'`` whatever the config had, and mmengine's wrapper
+cannot apply DINO's per-parameter clipping: with ``clip_grad=dict(type='per_param')`` the
+constructor builds the wrapper's DINO twin instead (``DINOAmpOptimWrapper``, or
+``DINOOptimWrapper`` for ``OptimWrapper``), and refuses any other type at once.
 """
 import collections
 import logging
@@ -28,6 +34,10 @@ from mmpretrain.registry import OPTIM_WRAPPER_CONSTRUCTORS
 from torch import nn
 
 _PARAMWISE = 'paramwise_options -- '
+# The wrappers that apply DINO's gradient rules, by the type a config or --amp names.
+_DINO_TWINS = {'OptimWrapper': 'DINOOptimWrapper', 'AmpOptimWrapper': 'DINOAmpOptimWrapper',
+               'DINOOptimWrapper': 'DINOOptimWrapper',
+               'DINOAmpOptimWrapper': 'DINOAmpOptimWrapper'}
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
@@ -37,6 +47,24 @@ class StudentOptimWrapperConstructor(DefaultOptimWrapperConstructor):
     Use it with ``optim_wrapper=dict(constructor='StudentOptimWrapperConstructor', ...)``;
     every other argument is ``DefaultOptimWrapperConstructor``'s.
     """
+
+    def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: Optional[dict] = None) -> None:
+        clip_grad = optim_wrapper_cfg.get('clip_grad') or {}
+        if clip_grad.get('type') == 'per_param':
+            optim_wrapper_cfg = dict(optim_wrapper_cfg)
+            wrapper = optim_wrapper_cfg.get('type', 'OptimWrapper')
+            if wrapper not in _DINO_TWINS:
+                raise ValueError(
+                    f"clip_grad=dict(type='per_param') is DINO's rule, which only "
+                    f'{sorted(set(_DINO_TWINS.values()))} apply; optim_wrapper.type is '
+                    f"{wrapper!r}. Use 'DINOOptimWrapper' (mixed precision: "
+                    "'DINOAmpOptimWrapper'), or clip_grad=dict(type='norm', ...).")
+            if _DINO_TWINS[wrapper] != wrapper:
+                print_log(f'optim_wrapper.type {wrapper!r} (set by --amp?) cannot clip per '
+                          f'parameter: building its DINO twin {_DINO_TWINS[wrapper]!r}.',
+                          logger='current', level=logging.INFO)
+            optim_wrapper_cfg['type'] = _DINO_TWINS[wrapper]
+        super().__init__(optim_wrapper_cfg, paramwise_cfg)
 
     def __call__(self, model: nn.Module) -> OptimWrapper:
         """Build the optimiser wrapper as mmengine does, with a summary of its settings.
