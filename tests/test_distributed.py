@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
+import pytest
 import torch
 
 from mst_mm.engine import load_local_checkpoint
@@ -23,8 +24,10 @@ def free_port() -> int:
 
 def dist_train_two_processes(tmp_path, hook_modules: Union[str, Sequence[str]], extra: str,
                              *train_args: str, data_root: Optional[str] = None,
-                             num_workers: int = 0, **run_kwargs):
-    """tools/dist_train.sh with 2 gloo processes on the demo config and a tiny folder.
+                             num_workers: int = 0, slurm: bool = False, **run_kwargs):
+    """tools/dist_train.sh (or, with ``slurm``, tools/slurm_train.sh through the fake srun
+    and scontrol of tests/fake_slurm) with 2 gloo processes on the demo config and a tiny
+    folder.
 
     Args:
         tmp_path (Path): Holds the config, the work dir ``work`` and, unless ``data_root``
@@ -49,8 +52,12 @@ def dist_train_two_processes(tmp_path, hook_modules: Union[str, Sequence[str]], 
     # tools/dist_train.sh runs `python -m torch.distributed.run`: put this interpreter first.
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS='1', PORT=str(free_port()),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
-    cmd = ['bash', str(REPO / 'tools' / 'dist_train.sh'), str(config), '2',
-           '--work-dir', str(tmp_path / 'work'), *train_args]
+    cmd = ['bash', str(REPO / 'tools' / 'dist_train.sh'), str(config), '2']
+    if slurm:
+        env.update(GPUS='2', GPUS_PER_NODE='2', MASTER_PORT=env.pop('PORT'),
+                   PATH=str(REPO / 'tests' / 'fake_slurm') + os.pathsep + env['PATH'])
+        cmd = ['bash', str(REPO / 'tools' / 'slurm_train.sh'), 'cpu', 'mst-test', str(config)]
+    cmd += ['--work-dir', str(tmp_path / 'work'), *train_args]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600, **run_kwargs), config
 
@@ -71,13 +78,15 @@ def assert_ranks_agree(work_dir) -> None:
                                    rtol=0, atol=0, msg=key)
 
 
-def test_two_process_ddp_keeps_teacher_and_centre_identical(tmp_path):
+@pytest.mark.parametrize('slurm', [False, True], ids=['dist_train.sh', 'slurm_train.sh'])
+def test_two_process_ddp_keeps_teacher_and_centre_identical(tmp_path, slurm):
     result, _ = dist_train_two_processes(
         tmp_path, 'tests.ddp_probe_hook',
         "custom_hooks = [dict(type='TeacherTempWarmupHook', warmup_epochs=2),\n"
         "                dict(type='FreezeLastLayerHook', freeze_epochs=1),\n"
         "                dict(type='DDPProbeHook')]\n"
-        "default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=2))\n")
+        "default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=2))\n",
+        slurm=slurm)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert_ranks_agree(tmp_path / 'work')
     # DINO's freeze under DDP without find_unused_parameters: the last layer's gradient

@@ -158,3 +158,40 @@ def test_knn_eval_with_two_processes_gives_the_single_process_numbers(tmp_path):
     assert json.loads((tmp_path / 'two.json').read_text()) == json.loads(
         (tmp_path / 'one.json').read_text()) == {f'top1_k{k}': v for k, v in single.items()}
     assert result.stdout.count('|   k | top-1 (%) |') == 1   # rank 0 alone prints
+
+
+def test_slurm_test_sh_evaluates_with_two_gloo_ranks(tmp_path):
+    """tools/slurm_test.sh through tests/fake_slurm's srun and scontrol: two CPU ranks
+    (gloo, chosen because there is no GPU) give the single process's k-NN numbers."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO, load_tool, make_image_folder
+    from tests.test_distributed import free_port
+    mst, _ = _tiny_mst_and_embedder()
+    ckpt = tmp_path / 'mst.pth'
+    torch.save({'state_dict': mst.state_dict()}, ckpt)
+    make_image_folder(tmp_path / 'd' / 'train', classes=3, per_class=3)
+    make_image_folder(tmp_path / 'd' / 'val', classes=3, per_class=1, seed=3)
+    config = str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py')
+    options = ['--cfg-options', f'test_dataloader.dataset.data_root={tmp_path / "d" / "val"}',
+               f'test_cfg.train_dataloader.dataset.data_root={tmp_path / "d" / "train"}',
+               'test_dataloader.batch_size=2', 'test_cfg.train_dataloader.batch_size=2']
+    single = load_tool('tools/analysis/knn_eval.py').main(
+        [config, str(ckpt), '--work-dir', str(tmp_path / 'w1'), *options])
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS='1', GPUS='2',
+               GPUS_PER_NODE='2', MASTER_PORT=str(free_port()),
+               PATH=os.pathsep.join([str(REPO / 'tests' / 'fake_slurm'),
+                                     os.path.dirname(sys.executable), os.environ['PATH']]))
+    cmd = ['bash', str(REPO / 'tools/slurm_test.sh'), 'cpu', 'mst-knn', config, str(ckpt),
+           '--work-dir', str(tmp_path / 'w2'), '--out', str(tmp_path / 'two.json'),
+           '--out-item', 'metrics', *options]
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert json.loads((tmp_path / 'two.json').read_text()) == {
+        f'knn/top1_k{k}': v for k, v in single.items()}
+    log = result.stdout + result.stderr
+    assert 'Distributed launcher: slurm' in log and 'GPU number: 2' in log  # 2 ranks

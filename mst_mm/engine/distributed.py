@@ -6,6 +6,7 @@ GPU. These pieces make the same configs and tools run as several CPU processes (
 tests, and by users debugging a multi-process run on a laptop). On GPUs they change nothing.
 """
 import os
+import subprocess
 
 import torch
 import torch.distributed as dist
@@ -19,18 +20,36 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 
 def init_cpu_distributed(launcher: str) -> bool:
-    """Start a gloo process group for ``--launcher pytorch`` when CUDA is unavailable.
+    """Start a gloo process group for ``--launcher pytorch`` or ``slurm`` when CUDA is
+    unavailable; with GPUs, mmengine starts the config's backend (nccl) as usual.
 
-    The runner then finds an initialised group and skips its CUDA-only set-up.
+    The runner then finds an initialised group and skips its CUDA-only set-up (mmengine's
+    Slurm set-up divides by the GPU count and calls ``torch.cuda.set_device``).
 
     Returns:
         bool: Whether a group was started here.
     """
-    if launcher != 'pytorch' or torch.cuda.is_available() or dist.is_initialized():
+    if (launcher not in ('pytorch', 'slurm') or torch.cuda.is_available()
+            or dist.is_initialized()):
         return False
+    if launcher == 'slurm':
+        _slurm_environment()
     dist.init_process_group(backend='gloo', rank=int(os.environ['RANK']),
                             world_size=int(os.environ['WORLD_SIZE']))
     return True
+
+
+def _slurm_environment() -> None:
+    """The variables mmengine's Slurm launcher derives from ``SLURM_*``, set the same way:
+    rank, world size, local rank, and the job's first node as the master (port 29500
+    unless ``MASTER_PORT`` is set)."""
+    node_list = os.environ['SLURM_NODELIST']
+    os.environ.setdefault('MASTER_ADDR', subprocess.getoutput(
+        f'scontrol show hostname {node_list} | head -n1'))
+    os.environ.setdefault('MASTER_PORT', '29500')
+    os.environ['RANK'] = os.environ['SLURM_PROCID']
+    os.environ['WORLD_SIZE'] = os.environ['SLURM_NTASKS']
+    os.environ['LOCAL_RANK'] = os.environ.get('SLURM_LOCALID', '0')
 
 
 class CPUSyncBatchNorm(_BatchNorm):
