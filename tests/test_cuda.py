@@ -112,6 +112,24 @@ def test_train_py_amp(config, dtype, tmp_path):
             assert not it['student_moved'], 'an overflow step must not update the student'
 
 
+def test_train_py_amp_saves_resumes_and_continues(tmp_path):
+    # Runner.resume loads the checkpoint onto the GPU (map_location), the saved generator
+    # states included; restoring them must not fail, and the run must go on from epoch 2.
+    run_config = write_run_config(tmp_path, DEIT_CONFIG, epochs=2,
+                                  extra='default_hooks = dict(checkpoint=dict(interval=1))\n')
+    work_dir = tmp_path / 'work'
+    run_tool([sys.executable, REPO / 'tools' / 'train.py', run_config, '--amp',
+              '--work-dir', work_dir])
+    assert (work_dir / 'epoch_2.pth').is_file()
+    resumed = run_tool([sys.executable, REPO / 'tools' / 'train.py', run_config, '--amp',
+                        '--work-dir', work_dir, '--resume',
+                        '--cfg-options', 'train_cfg.max_epochs=3'])
+    assert 'resumed epoch: 2' in resumed.stdout + resumed.stderr
+    probe = read_probe(work_dir)
+    assert_mst_trained_on_cuda(probe, iterations=2)  # epoch 3 only
+    assert (work_dir / 'epoch_3.pth').is_file()
+
+
 @pytest.mark.parametrize('gpus', [1, 2])
 def test_dist_train_sh_nccl_sync_bn(gpus, tmp_path):
     if torch.cuda.device_count() < gpus:
