@@ -1,3 +1,0 @@
-# Moved to configs/mst/ablations/mst-mask-random_deit-s-p16_8xb128-coslr-100e_in1k.py
-# (OpenMMLab naming). This alias keeps the old name working for now; use the new path.
-_base_ = ['../mst/ablations/mst-mask-random_deit-s-p16_8xb128-coslr-100e_in1k.py']
