@@ -1,5 +1,5 @@
-# MST with a DeiT-S/16 backbone (paper Sec. 4.1). Every key is documented in the README's
-# "Paper hyperparameters" table.
+# MST with a DeiT-S/16 backbone (paper Sec. 4.1). Every key is documented in docs/method.md,
+# "Paper hyperparameters and the config keys that set them".
 model = dict(
     type='MST',
     data_preprocessor=dict(
