@@ -26,7 +26,7 @@ _TINY_MST = dict(
     backbone=dict(type='MaskViT', arch=_TINY_ARCH, img_size=32, patch_size=8),
     neck=dict(type='DINONeck', in_channels=32, hidden_channels=64, bottleneck_channels=16,
               out_channels=128),
-    head=dict(type='DINOHead', out_channels=128),
+    head=dict(type='DINODistillHead', out_channels=128),
     decoder_head=dict(type='ImageDecoderHead', in_channels=32, channels=(16, 8, 8)),
     mask_cfg=dict(num=4, p=0.5, mode='attention'),
 )

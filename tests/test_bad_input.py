@@ -25,6 +25,7 @@ from mst_mm.engine import (
     NotATrainingCheckpointError,
     check_cfg_options,
     check_training_checkpoint,
+    read_checkpoint,
     read_last_checkpoint,
 )
 from tests.helpers import DEMO_CONFIG, REPO, make_image_folder
@@ -104,7 +105,7 @@ def test_knn_eval_refuses_a_checkpoint_without_the_backbones_weights(content, da
 
 
 def test_knn_eval_loads_a_partial_checkpoint_only_when_asked(trained_run, data_root, tmp_path):
-    state = torch.load(trained_run / 'epoch_2.pth', weights_only=True)['state_dict']
+    state = read_checkpoint(str(trained_run / 'epoch_2.pth'))['state_dict']
     partial = tmp_path / 'partial.pth'
     torch.save({'state_dict': {k: v for k, v in state.items()
                                if not k.startswith(TEACHER + 'layers.3.')}}, partial)
@@ -153,6 +154,7 @@ def tiny_vit(**init):
 
 
 def test_checked_pretrained_init_loads_all_or_what_it_is_allowed_to(tmp_path):
+    from mmengine.model.weight_init import PretrainedInit
     from mmengine.registry import WEIGHT_INITIALIZERS, DefaultScope, build_from_cfg
 
     source = tiny_vit()
@@ -170,15 +172,22 @@ def test_checked_pretrained_init_loads_all_or_what_it_is_allowed_to(tmp_path):
     CheckedPretrainedInit(str(partial), prefix=TEACHER, allow_partial=True)(tiny_vit())
     with pytest.raises(IncompleteCheckpointError, match="no weights under the prefix 'x.'"):
         CheckedPretrainedInit(str(full), prefix='x', allow_partial=True)(tiny_vit())
-    # Configs in mmpretrain's scope (ours) get it for type='Pretrained'; the backbones'
-    # own checks for that type name keep working.
+    # Configs ask for it by its own name; 'Pretrained' stays mmengine's for everyone else.
+    # MaskViT keeps the loaded pos_embed after it as after 'Pretrained'.
     with DefaultScope.overwrite_default_scope('mmpretrain'):
-        built = build_from_cfg(dict(type='Pretrained', checkpoint=str(full)),
+        built = build_from_cfg(dict(type='CheckedPretrained', checkpoint=str(full)),
+                               WEIGHT_INITIALIZERS)
+        plain = build_from_cfg(dict(type='Pretrained', checkpoint=str(full)),
                                WEIGHT_INITIALIZERS)
     assert isinstance(built, CheckedPretrainedInit)
-    loaded = tiny_vit(init_cfg=dict(type='Pretrained', checkpoint=str(full), prefix=TEACHER))
-    with DefaultScope.overwrite_default_scope('mmpretrain'):
-        loaded.init_weights()
+    assert type(plain) is PretrainedInit
+    from mst_mm.models import MaskViT
+    loaded = MaskViT(arch=dict(embed_dims=32, num_layers=2, num_heads=4,
+                               feedforward_channels=64), img_size=32, patch_size=8,
+                     use_mask_token=False,
+                     init_cfg=dict(type='CheckedPretrained', checkpoint=str(full),
+                                   prefix=TEACHER))
+    loaded.init_weights()
     torch.testing.assert_close(loaded.pos_embed, source.pos_embed, rtol=0, atol=0)
 
 

@@ -9,20 +9,20 @@ import torch.nn.functional as F
 from mmengine.runner import Runner
 
 from mst_mm.engine.hooks import CollapseMonitorHook, collapse_mode
-from mst_mm.models import DINOHead
+from mst_mm.models import DINODistillHead
 from tests.helpers import make_image_folder, scalars, tiny_runner_cfg
 
 K = 64
 
 
 def diagnostics(student, teacher, **head_kwargs):
-    head = DINOHead(out_channels=K, **head_kwargs)
+    head = DINODistillHead(out_channels=K, **head_kwargs)
     return {k: float(v) for k, v in head.loss_and_diagnostics(student, teacher).items()}
 
 
 def test_diagnostics_equal_their_definitions():
     torch.manual_seed(0)
-    head = DINOHead(out_channels=K, student_temp=0.1, teacher_temp=0.05, loss_weight=0.5)
+    head = DINODistillHead(out_channels=K, student_temp=0.1, teacher_temp=0.05, loss_weight=0.5)
     head.center.copy_(torch.randn(1, K) * 0.1)
     center = head.center.clone()
     student, teacher = torch.randn(4 * 3, K), torch.randn(2 * 3, K)

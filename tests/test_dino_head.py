@@ -1,8 +1,8 @@
-"""DINOHead: Eq. 2 with centring and sharpening, and the centre EMA."""
+"""DINODistillHead: Eq. 2 with centring and sharpening, and the centre EMA."""
 import pytest
 import torch
 
-from mst_mm.models import DINOHead
+from mst_mm.models import DINODistillHead
 
 
 def direct_dino_loss(student, teacher, center, n_crops, t_s, t_t):
@@ -25,7 +25,7 @@ def direct_dino_loss(student, teacher, center, n_crops, t_s, t_t):
 
 def test_loss_matches_direct_formula_and_weight():
     torch.manual_seed(0)
-    head = DINOHead(out_channels=10, student_temp=0.1, teacher_temp=0.05, loss_weight=0.7)
+    head = DINODistillHead(out_channels=10, student_temp=0.1, teacher_temp=0.05, loss_weight=0.7)
     head.center.copy_(torch.randn(1, 10) * 0.1)
     center = head.center.clone()
     student, teacher = torch.randn(4 * 3, 10), torch.randn(2 * 3, 10)
@@ -35,7 +35,7 @@ def test_loss_matches_direct_formula_and_weight():
 
 
 def test_center_is_an_ema_of_the_teacher_mean():
-    head = DINOHead(out_channels=6, center_momentum=0.9)
+    head = DINODistillHead(out_channels=6, center_momentum=0.9)
     teacher = torch.randn(8, 6)
     head.loss(torch.randn(16, 6), teacher)
     torch.testing.assert_close(head.center, 0.1 * teacher.mean(0, keepdim=True))
@@ -46,7 +46,7 @@ def test_center_is_an_ema_of_the_teacher_mean():
 
 
 def test_gradient_reaches_student_only():
-    head = DINOHead(out_channels=6)
+    head = DINODistillHead(out_channels=6)
     student = torch.randn(8, 6, requires_grad=True)
     teacher = torch.randn(4, 6, requires_grad=True)
     head.loss(student, teacher).backward()
@@ -55,4 +55,4 @@ def test_gradient_reaches_student_only():
 
 def test_negative_weight_is_refused():
     with pytest.raises(ValueError, match='loss_weight'):
-        DINOHead(out_channels=6, loss_weight=-1)
+        DINODistillHead(out_channels=6, loss_weight=-1)

@@ -183,21 +183,23 @@ def test_a_trunc_normal_init_cfg_alone_does_not_reach_the_ffn():
     assert torch.count_nonzero(vit.cls_token) == 0
 
 
-def test_dino_init_leaves_a_pretrained_checkpoint_alone(tmp_path):
+@pytest.mark.parametrize('init', ['Pretrained', 'CheckedPretrained'])
+def test_dino_init_leaves_a_pretrained_checkpoint_alone(tmp_path, init):
     source = fresh(seed=1, use_mask_token=False)
     torch.save(source.state_dict(), tmp_path / 'vit.pth')
     # The dict form: mmpretrain's own init_weights recognises only that one (with a list it
     # re-draws pos_embed after loading, with or without dino_init).
     vit = fresh(dino_init=True, use_mask_token=False,
-                init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'vit.pth')))
+                init_cfg=dict(type=init, checkpoint=str(tmp_path / 'vit.pth')))
     for key, value in source.state_dict().items():
         torch.testing.assert_close(vit.state_dict()[key], value, rtol=0, atol=0, msg=key)
 
 
-def test_a_pretrained_checkpoint_keeps_its_mask_token(tmp_path):
+@pytest.mark.parametrize('init', ['Pretrained', 'CheckedPretrained'])
+def test_a_pretrained_checkpoint_keeps_its_mask_token(tmp_path, init):
     source = fresh(seed=1)
     torch.save(source.state_dict(), tmp_path / 'vit.pth')
-    vit = fresh(seed=2, init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'vit.pth')))
+    vit = fresh(seed=2, init_cfg=dict(type=init, checkpoint=str(tmp_path / 'vit.pth')))
     assert torch.equal(vit.mask_token, source.mask_token)
     assert not torch.equal(fresh(seed=2).mask_token, source.mask_token)
 

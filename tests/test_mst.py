@@ -104,7 +104,7 @@ def test_bad_values_fail_at_build_time():
     with pytest.raises(ValueError, match='give decoder_head.channels 3 stages'):
         build(decoder_head=dict(type='ImageDecoderHead', in_channels=32, channels=(8, 8)))
     with pytest.raises(ValueError, match='loss_weight'):
-        build(head=dict(type='DINOHead', out_channels=128, loss_weight=-1.0))
+        build(head=dict(type='DINODistillHead', out_channels=128, loss_weight=-1.0))
 
 
 def test_mixed_precision_forward_and_backward(message_hub):

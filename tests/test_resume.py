@@ -14,7 +14,7 @@ from mmengine.dataset import worker_init_fn as default_worker_init_fn
 
 from mst_mm.datasets import worker_init, worker_init_from_torch_seed
 from mst_mm.datasets.worker_init import worker_seed
-from mst_mm.engine import load_local_checkpoint
+from mst_mm.engine import load_local_checkpoint, read_checkpoint
 from tests.helpers import DEMO_CONFIG, REPO, make_image_folder, scalars
 
 # 4 epochs of 4 iterations, a checkpoint every 2 epochs; the killed run dies in epoch 3.
@@ -83,7 +83,7 @@ def test_non_finite_loss_stops_before_the_update_and_the_last_checkpoint_resumes
     assert poisoned.returncode != 0
     assert 'Non-finite MST loss at iteration 7 (loss_dino=nan' in poisoned.stderr
     assert (work_dir / 'epoch_1.pth').exists() and not (work_dir / 'epoch_2.pth').exists()
-    state = torch.load(work_dir / 'epoch_1.pth', weights_only=True)['state_dict']
+    state = read_checkpoint(str(work_dir / 'epoch_1.pth'))['state_dict']
     assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
 
     resumed = train(data_root, work_dir, '--resume', checkpoint_interval=1)
@@ -102,7 +102,7 @@ def test_a_kill_during_a_save_keeps_the_previous_checkpoint_and_pointer(tmp_path
     assert (work_dir / '.epoch_2.pth.partial').exists()       # the half-written bytes
     assert not (work_dir / 'epoch_2.pth').exists()
     assert (work_dir / 'last_checkpoint').read_text() == 'epoch_1.pth'  # relative to the work dir
-    torch.load(work_dir / 'epoch_1.pth', weights_only=True)     # intact
+    read_checkpoint(str(work_dir / 'epoch_1.pth'))     # intact
 
     resumed = train(data_root, work_dir, '--resume', checkpoint_interval=1, keep=1, epochs=3)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

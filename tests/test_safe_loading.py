@@ -4,9 +4,10 @@ import pickle
 
 import pytest
 import torch
-from mmengine.runner import CheckpointLoader, Runner
+from mmengine.runner import CheckpointLoader
 
-import mst_mm  # noqa: F401  (registers the allow-list)
+import mst_mm  # noqa: F401
+from mst_mm.engine import build_runner, install_weights_only_loader, load_checkpoint_safely
 from mst_mm.engine.safe_loading import _history_buffer_method
 from tests.helpers import REPO, load_tool, make_image_folder, tiny_runner_cfg
 
@@ -19,12 +20,20 @@ class RunsCode:
         return os.system, (f'touch {self.marker}',)
 
 
-def test_pickle_that_runs_code_is_refused_and_nothing_runs(tmp_path):
+def test_pickle_that_runs_code_is_refused_and_nothing_runs(tmp_path, monkeypatch):
     marker = tmp_path / 'executed'
     path = tmp_path / 'evil.pth'
     torch.save({'state_dict': {}, 'payload': RunsCode(marker)}, path)
     with pytest.raises(pickle.UnpicklingError,
                        match=f'Refusing to load {path}: .*posix.system'):
+        load_checkpoint_safely(str(path), map_location='cpu')
+    # mmengine's own loader is left as it was (torch's weights-only default refuses too) ...
+    with pytest.raises(pickle.UnpicklingError, match='posix.system'):
+        CheckpointLoader.load_checkpoint(str(path), map_location='cpu')
+    # ... until a user opts in to ours for the whole process.
+    monkeypatch.setattr(CheckpointLoader, '_schemes', dict(CheckpointLoader._schemes))
+    install_weights_only_loader()
+    with pytest.raises(pickle.UnpicklingError, match=f'Refusing to load {path}'):
         CheckpointLoader.load_checkpoint(str(path), map_location='cpu')
     assert not marker.exists()
 
@@ -42,7 +51,7 @@ def test_runner_refuses_an_unsafe_load_from_or_resume(tmp_path, resume):
     data_root = make_image_folder(tmp_path / 'data', classes=1, per_class=4)
     cfg = tiny_runner_cfg(data_root, tmp_path / 'work')
     cfg.load_from, cfg.resume = str(path), resume
-    runner = Runner.from_cfg(cfg)
+    runner = build_runner(cfg)  # the configs' runner_type, CheckedRunner
     with pytest.raises(pickle.UnpicklingError, match=f'Refusing to load {path}'):
         runner.load_or_resume()
     assert not marker.exists()

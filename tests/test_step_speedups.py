@@ -3,7 +3,7 @@
 Each speed-up of the training step (issue "faster than the reference DINO code") is checked
 here against the formulation it replaced, written out in this file, on fixed inputs:
 
-- ``DINOHead``: the (teacher crop, student crop) cross-entropies as one matrix product
+- ``DINODistillHead``: the (teacher crop, student crop) cross-entropies as one matrix product
   instead of a Python loop over the pairs;
 - ``DINONeck.forward_crops``: the weight-normalised last layer once for all crops instead of
   once for the global and once for the local crops;
@@ -23,13 +23,13 @@ from mmpretrain.models import CosineEMA
 from mmpretrain.registry import MODELS
 
 import mst_mm  # noqa: F401
-from mst_mm.models import DINOHead, DINONeck, FusedCosineEMA
+from mst_mm.models import DINODistillHead, DINONeck, FusedCosineEMA
 from tests.conftest import crops, tiny_mst_cfg
 
 K, BATCH, GLOBAL = 64, 3, 2
 
 
-def loop_loss(head: DINOHead, student_out, teacher_out, center):
+def loop_loss(head: DINODistillHead, student_out, teacher_out, center):
     """DINO's Eq. 2 as the head computed it before: a loop over the crop pairs."""
     num_crops = student_out.shape[0] * GLOBAL // teacher_out.shape[0]
     student_logp = F.log_softmax(student_out.float() / head.student_temp, dim=-1)
@@ -60,7 +60,7 @@ def test_dino_loss_equals_the_pair_loop_in_value_gradient_and_centre(num_crops):
     gen = torch.Generator().manual_seed(num_crops)
     student = (torch.randn(num_crops * BATCH, K, generator=gen) * 3).requires_grad_()
     teacher = torch.randn(GLOBAL * BATCH, K, generator=gen) * 3
-    head = DINOHead(K, loss_weight=0.7)
+    head = DINODistillHead(K, loss_weight=0.7)
     head.center.copy_(torch.randn(1, K, generator=gen))
     center = head.center.clone()
 
@@ -80,7 +80,7 @@ def test_dino_loss_graph_does_not_grow_with_the_number_of_crops():
     sizes = []
     for num_crops in (4, 10):
         student = torch.randn(num_crops * BATCH, K, requires_grad=True)
-        loss = DINOHead(K).loss(student, torch.randn(GLOBAL * BATCH, K))
+        loss = DINODistillHead(K).loss(student, torch.randn(GLOBAL * BATCH, K))
         sizes.append(graph_size(loss))
     # The pair loop added a few nodes per pair: 6 pairs -> 18 pairs tripled the graph.
     assert sizes[0] == sizes[1] < 15
@@ -91,10 +91,10 @@ def test_dino_loss_stays_float32_under_autocast():
     student = torch.randn(4 * BATCH, K, generator=gen).bfloat16().requires_grad_()
     teacher = torch.randn(GLOBAL * BATCH, K, generator=gen).bfloat16()
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        out = DINOHead(K).loss_and_diagnostics(student, teacher)
+        out = DINODistillHead(K).loss_and_diagnostics(student, teacher)
     assert all(v.dtype == torch.float32 for v in out.values())
     # The pair products are not done in bfloat16: the float32 loop on the same values.
-    expected = loop_loss(DINOHead(K), student.float(), teacher.float(), 0.)
+    expected = loop_loss(DINODistillHead(K), student.float(), teacher.float(), 0.)
     torch.testing.assert_close(out['loss_dino'], expected, rtol=1e-6, atol=0)
 
 

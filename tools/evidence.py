@@ -178,11 +178,11 @@ def _set_epochs(cfg: Config, epochs: int) -> None:
 
 def pretrain(cfg: Config) -> List[str]:
     """Train (or resume, or skip when finished); the checkpoints of every epoch."""
-    from mmengine.runner import Runner
+    from mst_mm.engine import build_runner
     final = osp.join(cfg.work_dir, f'epoch_{cfg.train_cfg.max_epochs}.pth')
     if not osp.isfile(final):
         cfg.resume = osp.isfile(osp.join(cfg.work_dir, 'last_checkpoint'))
-        Runner.from_cfg(cfg).train()
+        build_runner(cfg).train()
     return [osp.join(cfg.work_dir, f'epoch_{e}.pth')
             for e in range(1, cfg.train_cfg.max_epochs + 1)]
 

@@ -21,7 +21,6 @@ import os.path as osp
 import sys
 
 from mmengine.config import Config
-from mmengine.runner import Runner
 from mmengine.utils import digit_version
 from mmengine.utils.dl_utils import TORCH_VERSION
 
@@ -173,9 +172,9 @@ def main(argv=None) -> None:
     if cfg.get('compile') and digit_version(TORCH_VERSION) < digit_version('2.0.0'):
         raise RuntimeError('`compile` in the config requires torch >= 2.0')
 
-    from mst_mm.engine import init_cpu_distributed  # also registers mst_mm's modules
+    from mst_mm.engine import build_runner, init_cpu_distributed  # registers mst_mm too
     init_cpu_distributed(args.launcher)
-    runner = Runner.from_cfg(cfg)
+    runner = build_runner(cfg)
     runner.train()
 
 

@@ -3,6 +3,9 @@ _base_ = ['mmpretrain::_base_/default_runtime.py']
 # Importing mst_mm registers its modules into mmpretrain's registries.
 custom_imports = dict(imports=['mst_mm'], allow_failed_imports=False)
 default_scope = 'mmpretrain'
+# mmengine's Runner, loading weights-only and refusing a load_from or resume that leaves
+# weights out (mst_mm CheckedRunner); tools/train.py (ours and mmpretrain's) build it.
+runner_type = 'CheckedRunner'
 
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),

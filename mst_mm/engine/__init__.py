@@ -2,6 +2,7 @@ from .checked_loading import (
     CheckedPretrainedInit,
     CheckedRunner,
     LoadReport,
+    build_runner,
     load_state_dict_checked,
     raise_if_incomplete,
 )
@@ -34,12 +35,10 @@ from .resume import check_training_checkpoint, find_resume_checkpoint, read_last
 from .safe_loading import (
     allow_mmengine_checkpoint_globals,
     install_weights_only_loader,
+    load_checkpoint_safely,
     load_local_checkpoint,
     read_checkpoint,
 )
-
-allow_mmengine_checkpoint_globals()
-install_weights_only_loader()
 
 __all__ = [
     'AMP_OPTIM_WRAPPERS', 'CPUSyncBatchNorm', 'CheckedDictAction', 'CheckedPretrainedInit',
@@ -48,9 +47,9 @@ __all__ = [
     'IncompleteCheckpointError', 'KNNTestLoop', 'LoadReport', 'MidEpochResumeTrainLoop',
     'NotATestConfigError', 'NotATrainingCheckpointError', 'StudentOptimWrapperConstructor',
     'UnreadableCheckpointError', 'UnsafeCheckpointError', 'UserInputError',
-    'add_cfg_options_argument', 'allow_mmengine_checkpoint_globals', 'check_cfg_options',
-    'check_training_checkpoint', 'find_resume_checkpoint', 'init_cpu_distributed',
-    'install_weights_only_loader', 'load_local_checkpoint', 'load_state_dict_checked',
-    'merge_cfg_options', 'raise_if_incomplete', 'read_checkpoint', 'read_last_checkpoint',
-    'run_tool'
+    'add_cfg_options_argument', 'allow_mmengine_checkpoint_globals', 'build_runner',
+    'check_cfg_options', 'check_training_checkpoint', 'find_resume_checkpoint',
+    'init_cpu_distributed', 'install_weights_only_loader', 'load_checkpoint_safely',
+    'load_local_checkpoint', 'load_state_dict_checked', 'merge_cfg_options',
+    'raise_if_incomplete', 'read_checkpoint', 'read_last_checkpoint', 'run_tool'
 ]

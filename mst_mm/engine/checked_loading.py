@@ -14,13 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch.nn as nn
+from mmengine.config import Config
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.model.weight_init import PretrainedInit, update_init_info
-from mmengine.runner import CheckpointLoader, Runner
-from mmpretrain.registry import RUNNERS, WEIGHT_INITIALIZERS
+from mmengine.registry import WEIGHT_INITIALIZERS
+from mmengine.runner import Runner
+from mmpretrain.registry import RUNNERS
 
 from .errors import IncompleteCheckpointError
+from .safe_loading import load_checkpoint_safely
 
 _SIZE_MISMATCH = re.compile(r'size mismatch for (\S+): copying a param with shape (.+?) from '
                             r'checkpoint, the shape in current model is (.+?)\.?$')
@@ -220,15 +223,15 @@ def _revised(state_dict: dict, revise_keys: Sequence[Tuple[str, str]]) -> dict:
     return state_dict
 
 
-@WEIGHT_INITIALIZERS.register_module(name='Pretrained', force=True)
+@WEIGHT_INITIALIZERS.register_module(name='CheckedPretrained')
 class CheckedPretrainedInit(PretrainedInit):
-    """mmengine's ``Pretrained`` initialiser that refuses a checkpoint with missing weights.
+    """mmengine's ``Pretrained`` initialiser, weights-only, refusing a checkpoint with missing
+    weights: ``init_cfg=dict(type='CheckedPretrained', checkpoint=..., prefix=...)``.
 
-    Registered as ``'Pretrained'`` in mmpretrain's registry, so every config in mmpretrain's
-    scope (ours: the linear probes) gets the check without a change, and the backbones that
-    recognise ``type='Pretrained'`` (mmpretrain's ViT, ``MaskViT``, ``MaskSwin``) still skip
-    their own re-initialisation. mmdet's and mmseg's scopes keep mmengine's initialiser; our
-    converter checks their keys.
+    Under a name of its own, in mmengine's root registry (so every scope finds it), so that
+    mmengine's ``'Pretrained'`` stays what every other config in the process gets.
+    ``MaskViT`` and ``MaskSwin`` skip their own re-initialisation after it as after
+    ``'Pretrained'`` (mmpretrain's backbones know only that name).
 
     Args:
         checkpoint (str): The checkpoint file.
@@ -250,12 +253,11 @@ class CheckedPretrainedInit(PretrainedInit):
         Args:
             module (nn.Module): The module whose ``init_cfg`` this is.
         """
-        what = f"the {type(module).__name__} (init_cfg type='Pretrained')"
+        what = f"the {type(module).__name__} (init_cfg type='CheckedPretrained')"
         advice = ("Check the init_cfg's checkpoint and prefix (prefix='teacher.module.0.' "
                   'selects the EMA teacher of an MST checkpoint).')
         print_log(f'load {self.prefix or "model"} from: {self.checkpoint}', logger='current')
-        checkpoint = CheckpointLoader.load_checkpoint(self.checkpoint,
-                                                      map_location=self.map_location)
+        checkpoint = load_checkpoint_safely(self.checkpoint, self.map_location)
         state_dict = state_dict_of(checkpoint, self.checkpoint)
         if self.prefix is None:
             state_dict = _revised(state_dict, [(r'^module\.', '')])
@@ -287,7 +289,9 @@ class CheckedRunner(Runner):
     of evaluating a randomly initialised backbone. Set ``allow_partial_load=True`` in the
     config (the tools' ``--allow-partial``) to accept a checkpoint that provides only some
     weights; one that provides none is refused anyway. Resuming goes through the same check.
-    Configs can select it with ``runner_type='CheckedRunner'``.
+    Every load is weights-only (:func:`load_checkpoint_safely`), which mmengine's training
+    checkpoints pass. Our configs select it with ``runner_type='CheckedRunner'``
+    (``configs/_base_/default_runtime.py``), which mmpretrain's ``tools/train.py`` honours.
     """
 
     def load_checkpoint(self, filename: str, map_location='cpu', strict: bool = False,
@@ -303,7 +307,7 @@ class CheckedRunner(Runner):
         Returns:
             dict: The loaded checkpoint.
         """
-        checkpoint = CheckpointLoader.load_checkpoint(filename, map_location=map_location)
+        checkpoint = load_checkpoint_safely(filename, map_location)
         # mmengine's order: hooks may rewrite the checkpoint before it reaches the model.
         self.call_hook('after_load_checkpoint', checkpoint=checkpoint)
         model = self.model.module if is_model_wrapper(self.model) else self.model
@@ -323,3 +327,9 @@ class CheckedRunner(Runner):
         self._has_loaded = True
         self.logger.info(f'Load checkpoint from {filename}')
         return checkpoint
+
+
+def build_runner(cfg: Config) -> Runner:
+    """The config's ``runner_type`` (``CheckedRunner`` in ours), or mmengine's ``Runner``:
+    mmpretrain's ``tools/train.py`` rule."""
+    return RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)

@@ -4,6 +4,11 @@ torch >= 2.6 loads with ``weights_only=True`` by default and mmengine 0.10.7 pas
 so its training checkpoints (numpy arrays and ``HistoryBuffer`` objects in the message hub)
 fail to load and ``--resume`` is broken. Instead of turning weights-only loading off, this
 allow-lists exactly the globals those checkpoints hold, and every load failure names the file.
+
+Importing ``mst_mm`` changes no loader: our runner (``CheckedRunner``, the configs'
+``runner_type``), our ``CheckedPretrained`` initialiser and our tools load through
+:func:`load_checkpoint_safely`. :func:`install_weights_only_loader` makes it mmengine's
+loader for every local file in the process, for users who want that everywhere.
 """
 import errno
 import os.path as osp
@@ -94,6 +99,7 @@ def read_checkpoint(filename: str, map_location: Any = None, mmap: bool = False)
             loading it could run code.
         UnreadableCheckpointError: the file is empty, truncated, corrupted or no checkpoint.
     """
+    allow_mmengine_checkpoint_globals()
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
         raise CheckpointNotFoundError(f'Checkpoint {filename} does not exist.')
@@ -129,12 +135,8 @@ def _unreadable_message(filename: str, error: BaseException) -> str:
 
 
 def load_local_checkpoint(filename: str, map_location: Any = None) -> Any:
-    """mmengine's loader for local paths, weights-only and explicit about a refusal.
-
-    Registered as CheckpointLoader's default scheme, so ``--resume``, ``load_from``,
-    ``init_cfg=dict(type='Pretrained')`` and our tools all come through here. Every failure
-    names the file (see :func:`read_checkpoint`); a refused pickle raises an
-    ``UnpicklingError`` that also names the global it wanted.
+    """A loader for local paths with mmengine's signature, weights-only and explicit about a
+    refusal: every failure names the file (see :func:`read_checkpoint`).
 
     Args:
         filename (str): A local checkpoint file.
@@ -146,6 +148,16 @@ def load_local_checkpoint(filename: str, map_location: Any = None) -> Any:
     return read_checkpoint(filename, map_location=map_location)
 
 
+def load_checkpoint_safely(filename: str, map_location: Any = None) -> Any:
+    """A local file through :func:`load_local_checkpoint`; a URL (``https://``, ``s3://``,
+    ``open-mmlab://``...) through mmengine's loader for its scheme."""
+    if '://' in filename:
+        return CheckpointLoader.load_checkpoint(filename, map_location=map_location)
+    return load_local_checkpoint(filename, map_location=map_location)
+
+
 def install_weights_only_loader() -> None:
-    """Make :func:`load_local_checkpoint` mmengine's loader for local files."""
+    """Opt in: make :func:`load_local_checkpoint` mmengine's loader for every local file in
+    this process (``--resume``, ``load_from`` and ``init_cfg`` of any library's runner).
+    ``import mst_mm`` never calls it."""
     CheckpointLoader.register_scheme(prefixes='', loader=load_local_checkpoint, force=True)

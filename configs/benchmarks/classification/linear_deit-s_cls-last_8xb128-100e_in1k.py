@@ -18,7 +18,7 @@ model = dict(
         use_mask_token=False,
         out_type='cls_token',
         frozen_stages=12,
-        init_cfg=dict(type='Pretrained', checkpoint=checkpoint, prefix='teacher.module.0.')),
+        init_cfg=dict(type='CheckedPretrained', checkpoint=checkpoint, prefix='teacher.module.0.')),
     head=dict(
         type='LinearClsHead',
         num_classes=1000,

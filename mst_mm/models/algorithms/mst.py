@@ -34,7 +34,7 @@ class MST(BaseSelfSupervisor):
     Args:
         backbone (dict): A mask-aware backbone with ``forward_mst`` (``MaskViT``).
         neck (dict): The projection head (``DINONeck``).
-        head (dict): The self-distillation loss (``DINOHead``).
+        head (dict): The self-distillation loss (``DINODistillHead``).
         decoder_head (dict, optional): The image decoder (``ImageDecoderHead``); None turns
             restoration off (the DINO baseline).
         mask_cfg (dict): ``num``, ``p`` and ``mode`` of :func:`attention_mask`.
@@ -116,7 +116,7 @@ class MST(BaseSelfSupervisor):
 
         Returns:
             dict: ``loss_dino`` and, with a decoder, ``loss_restore``, both weighted; the
-            collapse diagnostics of :meth:`DINOHead.loss_and_diagnostics` and
+            collapse diagnostics of :meth:`DINODistillHead.loss_and_diagnostics` and
             ``masked_fraction`` (the share of global-crop patches replaced by [MASK]),
             which are logged but not summed into the loss (their names hold no ``loss``).
         """

@@ -5,6 +5,9 @@ import torch
 import torch.nn as nn
 from mmengine.model.weight_init import trunc_normal_
 
+# init_cfg types that load a checkpoint: mmengine's, and ours that refuses missing weights.
+PRETRAINED_INITS = ('Pretrained', 'CheckedPretrained')
+
 
 class MaskTokenMixin:
     r"""Creates, initialises and inserts the [MASK] embedding of a backbone.
@@ -21,14 +24,28 @@ class MaskTokenMixin:
                            if use_mask_token else None)
 
     def init_weights(self) -> None:
-        super().init_weights()
+        init_cfg = self.init_cfg
+        if isinstance(init_cfg, dict) and init_cfg.get('type') == 'CheckedPretrained':
+            # mmengine loads only type='Pretrained' after the children's initialisation, and
+            # mmpretrain's ViT and Swin keep a loaded position embedding only for that name:
+            # initialise as without a checkpoint, then load it over everything.
+            from mst_mm.engine.checked_loading import CheckedPretrainedInit
+            self.init_cfg = None
+            try:
+                super().init_weights()
+            finally:
+                self.init_cfg = init_cfg
+            CheckedPretrainedInit(**{k: v for k, v in init_cfg.items() if k != 'type'})(self)
+        else:
+            super().init_weights()
         # A Pretrained init_cfg has just loaded the checkpoint's [MASK] token: keep it.
         if self.mask_token is not None and not self._init_cfg_loads_checkpoint():
             trunc_normal_(self.mask_token, std=.02)
 
     def _init_cfg_loads_checkpoint(self) -> bool:
         cfgs = self.init_cfg if isinstance(self.init_cfg, list) else [self.init_cfg]
-        return any(isinstance(cfg, dict) and cfg.get('type') == 'Pretrained' for cfg in cfgs)
+        return any(isinstance(cfg, dict) and cfg.get('type') in PRETRAINED_INITS
+                   for cfg in cfgs)
 
     def _replace_with_mask_token(self, tokens: torch.Tensor,
                                  mask: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
 from .decoder_head import ImageDecoderHead
-from .dino_head import DINOHead
+from .dino_head import DINODistillHead
 
-__all__ = ['DINOHead', 'ImageDecoderHead']
+__all__ = ['DINODistillHead', 'ImageDecoderHead']

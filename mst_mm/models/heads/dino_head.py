@@ -9,7 +9,7 @@ from mmpretrain.registry import MODELS
 
 
 @MODELS.register_module()
-class DINOHead(BaseModule):
+class DINODistillHead(BaseModule):
     r"""Cross-entropy between teacher and student over every pair of different crops.
 
     .. math::
@@ -42,7 +42,7 @@ class DINOHead(BaseModule):
                  init_cfg: Optional[dict] = None) -> None:
         super().__init__(init_cfg=init_cfg)
         if loss_weight < 0:
-            raise ValueError(f'DINOHead loss_weight must be >= 0, got {loss_weight}.')
+            raise ValueError(f'DINODistillHead loss_weight must be >= 0, got {loss_weight}.')
         if student_temp <= 0 or teacher_temp <= 0:
             raise ValueError('DINO temperatures must be > 0, got '
                              f'student_temp={student_temp}, teacher_temp={teacher_temp}.')

@@ -70,7 +70,7 @@ def channel_mismatches(backbone: nn.Module, neck: nn.Module, head: nn.Module,
     Args:
         backbone (nn.Module): The student backbone.
         neck (nn.Module): The projection neck (``DINONeck``: its first and last Linear).
-        head (nn.Module): The loss head (``DINOHead``: its ``center`` buffer).
+        head (nn.Module): The loss head (``DINODistillHead``: its ``center`` buffer).
         decoder_head (nn.Module, optional): The image decoder (its first convolution).
         backbone_cfg (dict, optional): The backbone's config, to name its arch.
 
