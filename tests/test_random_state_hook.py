@@ -89,20 +89,24 @@ def test_an_old_single_state_checkpoint_still_resumes_a_single_process_exactly(r
     assert not runner.logger.warning.called
 
 
-@pytest.mark.parametrize('saved', ['old', 'fewer ranks', 'rank missing'])
+@pytest.mark.parametrize('saved', ['old', 'fewer ranks', 'rank missing', 'none on rank 0'])
 def test_a_rank_without_a_saved_state_warns_and_starts_a_new_stream(rank, saved):
     state = get_rng_state()
     random_state = {'old': state, 'fewer ranks': {module.PER_RANK: [state]},
-                    'rank missing': {module.PER_RANK: [state, None]}}[saved]
-    rank(1)
+                    'rank missing': {module.PER_RANK: [state, None]},
+                    'none on rank 0': None}[saved]
+    r = 0 if saved == 'none on rank 0' else 1
+    rank(r)
     runner, hook = fake_runner(), RandomStateHook()
-    hook.after_load_checkpoint(runner, dict(random_state=random_state))
+    checkpoint = {} if random_state is None else dict(random_state=random_state)
+    hook.after_load_checkpoint(runner, checkpoint)
     hook.before_train(runner)
     resumed = draws()
-    seed_rank(3, 1, 8)                          # (seed, rank, iteration of the resume)
+    seed_rank(3, r, 8)                          # (seed, rank, iteration of the resume)
     assert draws() == resumed
     expected = {'old': 'holds one random state', 'fewer ranks': 'random states of 1 ranks',
-                'rank missing': 'no random state for ranks [1]'}[saved]
+                'rank missing': 'no random state for ranks [1]',
+                'none on rank 0': 'has no random_state'}[saved]
     assert expected in warnings_of(runner) and 'not repeat' in warnings_of(runner)
 
 

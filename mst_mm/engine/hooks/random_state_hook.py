@@ -112,12 +112,14 @@ class RandomStateHook(Hook):
 
     def __init__(self) -> None:
         self._pending: Optional[dict] = None
+        self._resumed = False
         self._gathered: Optional[List[dict]] = None
         self._gather_every_iter = False
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         if not getattr(runner, '_resume', False):
             return  # load_from (fine-tuning, evaluation) starts its own random stream
+        self._resumed = True
         saved = checkpoint.get('random_state')
         if saved is None:
             runner.logger.warning('The checkpoint has no random_state: the resumed run will '
@@ -155,7 +157,9 @@ class RandomStateHook(Hook):
             set_rng_state(state)
             return
         rank = get_rank()
-        if rank != 0:
+        # Rank 0 of a fresh run keeps the stream it was seeded with; on a resume without its
+        # saved state it must not replay the original run's stream from iteration 0 either.
+        if rank != 0 or self._resumed:
             seed_rank(runner.seed, rank, runner.iter)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None,
