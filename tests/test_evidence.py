@@ -72,3 +72,20 @@ def test_bad_arguments_are_named(tmp_path, evidence):
         evidence.parse_args(['--variants', 'dino'])
     with pytest.raises(SystemExit, match='write_animal_shapes'):
         evidence.prepare_data(str(tmp_path), transfer=False)
+
+
+def test_the_readme_states_the_committed_full_run_digit_for_digit(evidence):
+    """docs/results/evidence_summary.json is the full run's summary; the README's tables are
+    the tool's own rendering of it, line for line."""
+    from tests.helpers import REPO
+    summary = json.loads((REPO / 'docs/results/evidence_summary.json').read_text())
+    assert set(summary['knn_top1']) == {'raw_pixels', 'random_init', *evidence.VARIANTS}
+    seeds = {v: len(summary['knn_top1'][v]) for v in evidence.VARIANTS}
+    assert seeds['dino'] >= 3 and seeds['mst_guided_mask'] >= 3
+    assert min(seeds.values()) >= 2
+    readme = (REPO / 'README.md').read_text()
+    rows = [line for line in evidence.format_table(summary, seeds).splitlines()
+            if line.startswith('| ') and '---' not in line]
+    assert len(rows) == 2 + 4 + 1 + 1 + 3   # two headers, the rows of both tables
+    for line in rows:
+        assert line in readme, line
