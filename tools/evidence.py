@@ -402,9 +402,15 @@ def write_pictures(rows: Dict[str, List[dict]], summary: dict, out: str,
         test = osp.join(data_root, 'objects', 'test')
         images = [sorted(glob.glob(osp.join(test, c, '*.png')))[0]
                   for c in sorted(os.listdir(test))]
-        config = osp.join(osp.dirname(guided[0]['checkpoint']), osp.basename(VIT_CONFIG))
-        written.append(tool.main([config, guided[0]['checkpoint'], *images, '--out-dir',
-                                  pictures, '--grid', '--size', '96'])[-1])
+        # The model as this code names it (not the run's dumped config, which keeps the
+        # registry names of the code that trained it).
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            config = osp.join(tmp, osp.basename(VIT_CONFIG))
+            pretrain_config(VIT_CONFIG, 'mst_guided_mask', 0, dict(epochs=1), data_root,
+                            osp.dirname(guided[0]['checkpoint']), probe=False).dump(config)
+            written.append(tool.main([config, guided[0]['checkpoint'], *images, '--out-dir',
+                                      pictures, '--grid', '--size', '96'])[-1])
     return written
 
 

@@ -19,7 +19,6 @@ import mmcv
 import numpy as np
 import torch
 from mmengine.config import Config
-from mmengine.runner import load_checkpoint
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
@@ -98,12 +97,13 @@ def main(argv=None) -> list:
     args = parse_args(argv)
     from mmpretrain.registry import MODELS
 
-    import mst_mm  # noqa: F401  registers MST and the weights-only allow-list
+    from mst_mm.engine import read_checkpoint  # also registers MST
     from mst_mm.visualization import mst_picture_row, render_rows
 
     cfg = Config.fromfile(args.config)
     model = MODELS.build(cfg.model)
-    load_checkpoint(model, args.checkpoint, map_location='cpu', strict=True)
+    checkpoint = read_checkpoint(args.checkpoint, map_location='cpu')  # weights-only
+    model.load_state_dict(checkpoint.get('state_dict', checkpoint), strict=True)
     size = args.size or cfg.model.backbone.img_size
     os.makedirs(args.out_dir, exist_ok=True)
     written, rows = [], []
