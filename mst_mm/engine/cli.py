@@ -15,6 +15,7 @@ import re
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+import torch.distributed as dist
 from mmengine.config import Config, DictAction
 
 from .errors import ConfigOptionError, NotATestConfigError, UserInputError
@@ -260,3 +261,17 @@ def run_tool(main: Callable[[], Any]) -> None:
     except UserInputError as error:
         print(f'{osp.basename(sys.argv[0])}: error: {error}', file=sys.stderr)
         raise SystemExit(2) from None
+    close_process_group()
+
+
+def close_process_group() -> None:
+    """Let every rank finish, then close the process group before the interpreter exits.
+
+    A gloo group left to the interpreter's teardown can abort the process ("terminate called
+    without an active exception") while another rank is still using it, failing a run whose
+    work is done. Only called after a successful ``main()``: a barrier after one rank's
+    error would hang the others.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
