@@ -56,8 +56,10 @@ def dist_train_two_processes(tmp_path, hook_modules: Union[str, Sequence[str]], 
     if slurm:
         env.update(GPUS='2', GPUS_PER_NODE='2', MASTER_PORT=env.pop('PORT'),
                    PATH=str(REPO / 'tests' / 'fake_slurm') + os.pathsep + env['PATH'])
-        cmd = ['bash', str(REPO / 'tools' / 'slurm_train.sh'), 'cpu', 'mst-test', str(config)]
-    cmd += ['--work-dir', str(tmp_path / 'work'), *train_args]
+        cmd = ['bash', str(REPO / 'tools' / 'slurm_train.sh'), 'cpu', 'mst-test', str(config),
+               str(tmp_path / 'work'), *train_args]
+    else:
+        cmd += ['--work-dir', str(tmp_path / 'work'), *train_args]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600, **run_kwargs), config
 

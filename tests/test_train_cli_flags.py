@@ -42,3 +42,21 @@ def test_check_gpu_sh_on_a_machine_without_cuda_says_so_and_exits_cleanly(tmp_pa
                             env=dict(os.environ, PYTHON=sys.executable))
     assert result.returncode == 0, result.stderr
     assert 'no CUDA device' in result.stdout and not report.exists()
+
+
+def test_auto_scale_lr_on_16_gpus_doubles_every_group_of_the_recipe_lr(tmp_path):
+    """The README's 16-GPU Slurm example: `--auto-scale-lr` scales DINO's 5e-4 x 1024 / 256
+    by 16 x 128 / 1024 in every parameter group, through mmengine's Runner.scale_lr."""
+    from mst_mm.engine import build_runner
+    train = load_tool('tools/train.py')
+    cfg = train.merge_args(Config.fromfile(DEIT_S), train.parse_args([DEIT_S, '--auto-scale-lr']))
+    assert cfg.auto_scale_lr == dict(base_batch_size=1024, enable=True)
+    cfg.work_dir = str(tmp_path)
+    runner = build_runner(cfg)
+    runner._world_size = 16  # what 16 ranks of 128 images would see
+    wrapper = runner.build_optim_wrapper(cfg.optim_wrapper)
+    before = [group['lr'] for group in wrapper.optimizer.param_groups]
+    runner.scale_lr(wrapper, cfg.auto_scale_lr)
+    after = [group['lr'] for group in wrapper.optimizer.param_groups]
+    assert before and set(before) == {5e-4 * 1024 / 256}
+    assert after == pytest.approx([2 * lr for lr in before], rel=1e-12)

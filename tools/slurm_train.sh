@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Usage: [GPUS=8 GPUS_PER_NODE=8 CPUS_PER_TASK=5 SRUN_ARGS=...] \
-#        tools/slurm_train.sh PARTITION JOB_NAME CONFIG [train.py args, e.g. --work-dir DIR]
+#        tools/slurm_train.sh PARTITION JOB_NAME CONFIG WORK_DIR [train.py args]
+# The arguments of mmpretrain's tools/slurm_train.sh.
 set -x
 
 PARTITION=$1
 JOB_NAME=$2
 CONFIG=$3
+WORK_DIR=$4
 GPUS=${GPUS:-8}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 CPUS_PER_TASK=${CPUS_PER_TASK:-5}
 SRUN_ARGS=${SRUN_ARGS:-""}
-PY_ARGS=${@:4}
+PY_ARGS=${@:5}
 
 PYTHONPATH="$(dirname "$0")/..":$PYTHONPATH \
 srun -p "${PARTITION}" \
@@ -21,4 +23,4 @@ srun -p "${PARTITION}" \
     --cpus-per-task="${CPUS_PER_TASK}" \
     --kill-on-bad-exit=1 \
     ${SRUN_ARGS} \
-    python -u "$(dirname "$0")/train.py" "${CONFIG}" --launcher="slurm" ${PY_ARGS}
+    python -u "$(dirname "$0")/train.py" "${CONFIG}" --work-dir="${WORK_DIR}" --launcher="slurm" ${PY_ARGS}
