@@ -24,4 +24,10 @@ test_dataloader = dict(
     sampler=dict(type='DefaultSampler', shuffle=False),
     dataset=dict(type='ImageNet', data_root='data/imagenet', split='val', pipeline=pipeline))
 test_cfg = dict(type='KNNTestLoop', train_dataloader=reference_dataloader)
-test_evaluator = dict(type='WeightedKNNAccuracy', ks=(10, 20, 100, 200), temperature=0.07)
+test_evaluator = dict(_delete_=True, type='WeightedKNNAccuracy', ks=(10, 20, 100, 200),
+                      temperature=0.07)
+# Evaluation only: the base's training and validation splits would make mmengine's Runner
+# expect a training and validation loop.
+train_dataloader = None
+val_dataloader = None
+val_evaluator = None

@@ -11,20 +11,24 @@ TEACHER_BACKBONE = 'teacher.module.0.'
 
 @MODELS.register_module()
 class FeatureEmbedder(BaseModel):
-    """Backbone -> embedding (the CLS token for ViTs), written into each ``DataSample``.
+    """Backbone (-> neck) -> embedding, written into each ``DataSample``: the CLS token of a
+    ViT, or a Swin's last-stage map pooled by a neck such as ``GlobalAveragePooling``.
 
     Loads an MST training checkpoint directly (``load_from`` or ``tools/test.py``): with
     ``weights='teacher'`` (DINO's practice, the default) the EMA teacher's backbone is used,
     with ``'student'`` the student's.
 
     Args:
-        backbone (dict): An mmpretrain backbone whose last output is (B, C).
+        backbone (dict): An mmpretrain backbone; its last output is (B, C) unless a neck
+            reduces it.
+        neck (dict, optional): Applied to the backbone's outputs (mmpretrain's neck
+            interface, a tuple in and out); its last output is the embedding.
         weights (str): ``'teacher'`` or ``'student'``. Defaults to ``'teacher'``.
         data_preprocessor (dict, optional): Defaults to ``ClsDataPreprocessor``.
         init_cfg (dict, optional): Initialization config.
     """
 
-    def __init__(self, backbone: dict, weights: str = 'teacher',
+    def __init__(self, backbone: dict, neck: Optional[dict] = None, weights: str = 'teacher',
                  data_preprocessor: Optional[dict] = None,
                  init_cfg: Optional[dict] = None) -> None:
         if weights not in ('teacher', 'student'):
@@ -32,6 +36,7 @@ class FeatureEmbedder(BaseModel):
         data_preprocessor = dict(type='ClsDataPreprocessor', **(data_preprocessor or {}))
         super().__init__(data_preprocessor=MODELS.build(data_preprocessor), init_cfg=init_cfg)
         self.backbone = MODELS.build(backbone)
+        self.neck = MODELS.build(neck) if neck is not None else None
         self.weights = weights
         self._register_load_state_dict_pre_hook(self._select_mst_backbone)
 
@@ -48,7 +53,10 @@ class FeatureEmbedder(BaseModel):
 
     def forward(self, inputs: torch.Tensor, data_samples: Optional[List[DataSample]] = None,
                 mode: str = 'tensor'):
-        feats = self.backbone(inputs)[-1]
+        feats = self.backbone(inputs)
+        if self.neck is not None:
+            feats = self.neck(feats)
+        feats = feats[-1]
         if mode == 'tensor':
             return feats
         if mode == 'predict':
