@@ -79,12 +79,11 @@ class RandomStateHook(Hook):
     Per-rank streams. mmengine seeds every rank alike (``diff_rank_seed=False``), so without
     this the crops, flips and jitter of data worker ``w``, the student's random masks and
     drop-path would be the same on every rank: N ranks would see one rank's randomness N
-    times. mmengine's ``diff_rank_seed=True`` is no way out: the Runner seeds before it
-    builds and DDP-wraps the model, but initialises the weights only later in ``train()``,
-    after DDP has broadcast rank 0's parameters, so every rank (and its EMA teacher) would
-    start from different weights that nothing brings back together. So the ranks share the
-    seed until the weights exist, and at ``before_train`` every rank but 0 re-seeds from
-    ``(seed, rank, iteration)``. Rank 0 keeps its stream so that a single-process run draws
+    times. mmengine's ``diff_rank_seed=True`` would give per-rank streams too (the Runner
+    broadcasts rank 0's parameters and buffers after ``init_weights``, so the weights would
+    still agree); the seeding lives here because this hook must restore or re-seed every
+    rank on resume anyway. The ranks share the seed until the weights exist, and at
+    ``before_train`` every rank but 0 re-seeds from ``(seed, rank, iteration)``. Rank 0 keeps its stream so that a single-process run draws
     what it always drew. The samplers shuffle with their own generators, seeded alike on
     all ranks, and stay in step.
 
