@@ -83,9 +83,9 @@ class RandomStateHook(Hook):
     broadcasts rank 0's parameters and buffers after ``init_weights``, so the weights would
     still agree); the seeding lives here because this hook must restore or re-seed every
     rank on resume anyway. The ranks share the seed until the weights exist, and at
-    ``before_train`` every rank but 0 re-seeds from ``(seed, rank, iteration)``. Rank 0 keeps its stream so that a single-process run draws
-    what it always drew. The samplers shuffle with their own generators, seeded alike on
-    all ranks, and stay in step.
+    ``before_train`` every rank but 0 re-seeds from ``(seed, rank, iteration)``. Rank 0
+    keeps its stream so that a single-process run draws what it always drew. The samplers
+    shuffle with their own generators, seeded alike on all ranks, and stay in step.
 
     Exact resume. mmengine's checkpoints carry the seed but not the generators' states, so
     after a resume drop-path, the masks and the data workers' seeds (each epoch's workers are
