@@ -11,7 +11,9 @@ data_root = 'data/animal_shapes/objects'
 embed_dims = 48           # half the demo's width: twice the iterations in the CPU budget
 max_epochs = 6
 warmup_epochs = 1
-teacher_temp = 0.02
+# Sharper than the demo's 0.02: at 0.02 one DINO seed in ten drifted to a near-uniform
+# teacher (loss 6.75 of ln K = 6.93); at 0.01 the teacher used 6-20 of 1,024 prototypes.
+teacher_temp = 0.015
 
 model = dict(
     backbone=dict(arch=dict(embed_dims=embed_dims, num_layers=4, num_heads=3,
