@@ -25,8 +25,9 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
     write_object_images(str(data_root / 'objects'), test_per_class=1, package_dir=small_package)
     out = tmp_path / 'evidence'
     argv = ['--quick', '--skip-transfer', '--data-root', str(data_root), '--out', str(out),
-            '--batch-size', '2', '--seeds', '2', '--variants', 'dino,mst_guided_mask']
-    summary = evidence.main(argv)
+            '--batch-size', '2', '--seeds', '2', '--variants', 'dino,mst_guided_mask',
+            '--jobs', '2']
+    summary = evidence.main(argv)   # the units in two processes side by side
 
     assert summary == json.loads((out / 'summary.json').read_text())
     assert set(summary) == {'ln_k', 'knn_top1', 'linear_top1', 'last_loss_dino', 'guidance',
@@ -62,7 +63,31 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
     mtime = (out / 'results' / 'dino_seed1.json').stat().st_mtime
     assert evidence.main(argv) == summary
     assert (out / 'results' / 'dino_seed1.json').stat().st_mtime == mtime
+
+    # A unit's numbers do not depend on the lane it ran in: dino seed 1 again, in this process.
+    alone = tmp_path / 'alone'
+    evidence.main([*argv[:5], str(alone), *argv[6:-2], '--units', 'dino_seed1'])
+    again = json.loads((alone / 'results' / 'dino_seed1.json').read_text())
+    lane = json.loads((out / 'results' / 'dino_seed1.json').read_text())
+    for key in ('knn_top1', 'linear_top1', 'loss_dino', 'attention_on_object_share'):
+        assert again[key] == lane[key]
     capsys.readouterr()
+
+
+def test_the_units_are_planned_in_stages_and_balanced_over_lanes(evidence):
+    schedule = dict(seeds=dict(dino=3, mst_decoder=2, mst_random_mask=2, mst_guided_mask=3),
+                    finetune_seeds=2)
+    first, second = evidence.plan_units(schedule, transfer=True)
+    assert len(first) == 3 + 10 + 2 and len(second) == 12
+    assert 'random_init_seed2' in first and 'swin_dino_seed0' in first
+    assert 'mmdet_random_init_ft1' in second and 'mmseg_mst_guided_mask_ft0' in second
+    assert evidence.plan_units(schedule, transfer=False) == [first[:13]]
+    lanes = evidence.split_lanes(first, 2)
+    assert sorted(sum(lanes, [])) == sorted(first)
+    minutes = [sum(evidence.UNIT_MINUTES.get(n.split('_')[0], 10) for n in lane)
+               for lane in lanes]
+    assert abs(minutes[0] - minutes[1]) <= 10
+    assert evidence.split_lanes(['dino_seed0'], 2) == [['dino_seed0']]
 
 
 def test_bad_arguments_are_named(tmp_path, evidence):

@@ -29,6 +29,7 @@ import math
 import os
 import os.path as osp
 import statistics
+import subprocess
 import sys
 from typing import Dict, List, Optional
 
@@ -97,6 +98,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         'else runs beside)')
     parser.add_argument('--batch-size', type=int, default=None,
                         help='pretraining batch size (default: the config\'s, 64)')
+    parser.add_argument('--jobs', type=int, default=min(2, os.cpu_count() or 1),
+                        help='units run side by side, each in its own process with --threads '
+                        'threads (default: 2 on two or more cores, where the full run takes '
+                        'about 2 h; 1 runs everything in this process)')
+    # A lane's process: these units only, then exit (used by --jobs).
+    parser.add_argument('--units', default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.variants = [v for v in args.variants.split(',') if v]
     unknown = sorted(set(args.variants) - set(VARIANTS))
@@ -117,15 +124,23 @@ class Store:
         self.root = osp.join(out, 'results')
         os.makedirs(self.root, exist_ok=True)
 
+    def path(self, name: str) -> str:
+        return osp.join(self.root, f'{name}.json')
+
+    def load(self, name: str):
+        if not osp.isfile(self.path(name)):
+            raise SystemExit(f'{self.path(name)} is missing: the unit {name} has not finished. '
+                             'Run the evidence command again without --units.')
+        with open(self.path(name)) as f:
+            return json.load(f)
+
     def get(self, name: str, compute):
-        path = osp.join(self.root, f'{name}.json')
-        if osp.isfile(path):
-            with open(path) as f:
-                return json.load(f)
+        if osp.isfile(self.path(name)):
+            return self.load(name)
         value = compute()
-        with open(path + '.tmp', 'w') as f:
+        with open(self.path(name) + '.tmp', 'w') as f:
             json.dump(value, f, indent=2)
-        os.replace(path + '.tmp', path)
+        os.replace(self.path(name) + '.tmp', self.path(name))
         return value
 
 
@@ -287,32 +302,114 @@ def random_init_row(store: Store, probe: Probe, seed: int, data_root: str, out: 
 
 
 # -------------------------------------------------------------------------- transfer
-def transfer_rows(store: Store, data_root: str, out: str, schedule: dict,
-                  vit_checkpoints: Dict[str, str]) -> dict:
-    """Mask R-CNN (MaskSwin-nano) and SETR (ViT) fine-tuned on the scenes."""
+def swin_row(store: Store, variant: str, schedule: dict, data_root: str, out: str) -> dict:
+    """The MaskSwin-nano pretraining that Mask R-CNN starts from (one seed)."""
+    name = f'swin_{variant}_seed0'
+    cfg = pretrain_config(SWIN_CONFIG, variant, 0, schedule, data_root,
+                          osp.join(out, 'pretrain', name), probe=False)
+    return store.get(name, lambda: dict(checkpoint=pretrain(cfg)[-1]))
+
+
+def finetune_row(store: Store, target: str, start: str, ft_seed: int, schedule: dict,
+                 data_root: str, out: str) -> dict:
+    """Mask R-CNN (MaskSwin-nano, ``mmdet``) or SETR (ViT, ``mmseg``) fine-tuned on the scenes
+    from the ``start`` row's checkpoint (Mask R-CNN's random init is mmdet's own)."""
     from mst_mm.evaluation.transfer import finetune
-    scenes = osp.join(data_root, 'scenes')
+    if target == 'mmdet':
+        checkpoint = None if start == 'random_init' else store.load(f'swin_{start}_seed0')
+    else:
+        checkpoint = store.load(f'{start}_seed0')
+    checkpoint = checkpoint and checkpoint['checkpoint']
+    config = DET_CONFIG if target == 'mmdet' else SEG_CONFIG
     options = None
     if schedule['finetune'] == 'quick':
         options = dict(train_cfg=dict(max_iters=20, val_interval=20))
-    swin = {'random_init': None}
-    for variant in ('dino', 'mst_guided_mask'):
-        cfg = pretrain_config(SWIN_CONFIG, variant, 0, schedule, data_root,
-                              osp.join(out, 'pretrain', f'swin_{variant}_seed0'), probe=False)
-        swin[variant] = store.get(f'swin_{variant}_seed0',
-                                  lambda cfg=cfg: dict(checkpoint=pretrain(cfg)[-1]))['checkpoint']
+    name = f'{target}_{start}_ft{ft_seed}'
+    return store.get(name, lambda: finetune(config, checkpoint, osp.join(out, 'transfer', name),
+                                            osp.join(data_root, 'scenes'), ft_seed, target,
+                                            options))
+
+
+def transfer_rows(store: Store, schedule: dict, data_root: str, out: str) -> dict:
+    """Every fine-tune, from the stored random-init, DINO and MST-guided seed-0 rows."""
+    for variant in TRANSFER_FROM[1:]:
+        swin_row(store, variant, schedule, data_root, out)
     result = dict(mmdet={}, mmseg={})
     for start in TRANSFER_FROM:
-        for target, config, checkpoint in (('mmdet', DET_CONFIG, swin[start]),
-                                           ('mmseg', SEG_CONFIG, vit_checkpoints[start])):
-            runs = []
-            for ft_seed in range(schedule['finetune_seeds']):
-                name = f'{target}_{start}_ft{ft_seed}'
-                runs.append(store.get(name, lambda c=config, k=checkpoint, n=name, t=target,
-                                      s=ft_seed: finetune(c, k, osp.join(out, 'transfer', n),
-                                                          scenes, s, t, options)))
+        for target in ('mmdet', 'mmseg'):
+            runs = [finetune_row(store, target, start, ft_seed, schedule, data_root, out)
+                    for ft_seed in range(schedule['finetune_seeds'])]
             result[target][start] = {key: [r[key] for r in runs] for key in runs[0]}
     return result
+
+
+# ----------------------------------------------------------------------------- lanes
+# Rough minutes of each kind of unit on one core, to balance the lanes.
+UNIT_MINUTES = dict(random=1, swin=12, mmdet=4, mmseg=3, vit=10)
+
+
+def plan_units(schedule: dict, transfer: bool) -> List[List[str]]:
+    """The run's units in stages: the units of a stage are independent of each other, and
+    the fine-tunes of the second start from checkpoints of the first."""
+    seeds = schedule['seeds']
+    first = [f'random_init_seed{s}' for s in range(max(seeds.values()))]
+    first += [f'{v}_seed{s}' for v, n in seeds.items() for s in range(n)]
+    if not transfer:
+        return [first]
+    first += [f'swin_{v}_seed0' for v in TRANSFER_FROM[1:]]
+    return [first, [f'{target}_{start}_ft{s}' for start in TRANSFER_FROM
+                    for target in ('mmdet', 'mmseg') for s in range(schedule['finetune_seeds'])]]
+
+
+def split_lanes(names: List[str], jobs: int) -> List[List[str]]:
+    """The longest unit first onto the least loaded lane."""
+    def minutes(name: str) -> int:
+        return UNIT_MINUTES.get(name.split('_')[0], UNIT_MINUTES['vit'])
+
+    lanes: List[List[str]] = [[] for _ in range(jobs)]
+    load = [0] * jobs
+    for name in sorted(names, key=minutes, reverse=True):
+        lane = load.index(min(load))
+        lanes[lane].append(name)
+        load[lane] += minutes(name)
+    return [lane for lane in lanes if lane]
+
+
+def run_unit(name: str, store: Store, probe: 'Probe', schedule: dict, data_root: str,
+             out: str) -> dict:
+    """One unit by its name in :func:`plan_units`."""
+    if name.startswith('random_init_seed'):
+        return random_init_row(store, probe, int(name.rpartition('seed')[2]), data_root, out)
+    kind, _, rest = name.partition('_')
+    if kind in ('mmdet', 'mmseg'):
+        start, _, ft_seed = rest.rpartition('_ft')
+        return finetune_row(store, kind, start, int(ft_seed), schedule, data_root, out)
+    if kind == 'swin':
+        return swin_row(store, rest.rpartition('_seed')[0], schedule, data_root, out)
+    variant, _, seed = name.rpartition('_seed')
+    return pretrained_row(store, probe, variant, int(seed), schedule, data_root, out,
+                          guidance_curve=seed == '0')
+
+
+def run_lanes(stages: List[List[str]], jobs: int, argv: List[str], store: Store,
+              out: str) -> None:
+    """Each stage's unfinished units in ``jobs`` processes side by side; their logs go to
+    ``OUT/lanes/``. Every unit seeds itself, so the numbers do not depend on ``jobs``."""
+    os.makedirs(osp.join(out, 'lanes'), exist_ok=True)
+    for index, names in enumerate(stages, 1):
+        pending = [n for n in names if not osp.isfile(store.path(n))]
+        lanes = []
+        for lane, units in enumerate(split_lanes(pending, jobs)):
+            log = osp.join(out, 'lanes', f'stage{index}_lane{lane}.log')
+            print(f'stage {index}, lane {lane}: {len(units)} unit(s), log {log}', flush=True)
+            with open(log, 'a') as f:
+                lanes.append((subprocess.Popen(
+                    [sys.executable, osp.abspath(__file__), *argv, '--jobs', '1',
+                     '--units', ','.join(units)], stdout=f, stderr=subprocess.STDOUT), log))
+        failed = [log for process, log in lanes if process.wait() != 0]
+        if failed:
+            raise SystemExit(f"a lane failed; the end of {', '.join(failed)} says why. "
+                             'Finished units are kept: run the same command again to go on.')
 
 
 # --------------------------------------------------------------------------- summary
@@ -473,6 +570,13 @@ def main(argv=None) -> dict:
         return rerun_row(args.only, probe, schedule, data_root, out)
 
     store = Store(out)
+    if args.units:
+        for name in args.units.split(','):
+            run_unit(name, store, probe, schedule, data_root, out)
+        return {}
+    if args.jobs > 1:
+        argv = sys.argv[1:] if argv is None else list(argv)
+        run_lanes(plan_units(schedule, not args.skip_transfer), args.jobs, argv, store, out)
     raw = store.get('raw_pixels', probe.raw_pixels)
     max_seeds = max(schedule['seeds'].values())
     random_init = [random_init_row(store, probe, s, data_root, out) for s in range(max_seeds)]
@@ -480,11 +584,7 @@ def main(argv=None) -> dict:
                                guidance_curve=s == 0)
                 for s in range(n)]
             for v, n in schedule['seeds'].items()}
-    transfer = None
-    if not args.skip_transfer:
-        vit = dict(random_init=random_init[0]['checkpoint'],
-                   **{v: rows[v][0]['checkpoint'] for v in TRANSFER_FROM[1:]})
-        transfer = transfer_rows(store, data_root, out, schedule, vit)
+    transfer = None if args.skip_transfer else transfer_rows(store, schedule, data_root, out)
     num_prototypes = Config.fromfile(VIT_CONFIG).model.head.out_channels
     summary = make_summary(num_prototypes, raw, random_init, rows, transfer)
     with open(osp.join(out, 'summary.json'), 'w') as f:
