@@ -25,6 +25,7 @@ from mst_mm.engine import (
     NotATrainingCheckpointError,
     check_cfg_options,
     check_training_checkpoint,
+    merge_cfg_options,
     read_checkpoint,
     read_last_checkpoint,
 )
@@ -119,13 +120,19 @@ def test_knn_eval_loads_a_partial_checkpoint_only_when_asked(trained_run, data_r
     assert '|   k | top-1 (%) |' in allowed.stdout
 
 
-def test_tools_test_py_refuses_a_checkpoint_of_another_model(data_root, tmp_path):
+def test_knn_eval_refuses_a_checkpoint_of_another_model(data_root, tmp_path):
     checkpoint = tmp_path / 'resnet18.pth'
     torch.save({'state_dict': resnet18_state_dict('backbone.')}, checkpoint)
-    result = run('tools/test.py', KNN_CONFIG, checkpoint, '--work-dir', tmp_path / 'work',
-                 '--cfg-options', f'test_dataloader.dataset.data_root={data_root}',
-                 f'test_cfg.train_dataloader.dataset.data_root={data_root}')
-    assert_refused(result, f'{checkpoint} provides none of the 54 weights')
+    assert_refused(run(*knn_args(checkpoint, data_root, tmp_path / 'work')),
+                   f'{checkpoint} provides none of the 54 weights')
+
+
+def test_tools_test_py_sends_a_knn_config_to_the_knn_tool(data_root, tmp_path):
+    result = run('tools/test.py', KNN_CONFIG, tmp_path / 'c.pth', '--work-dir',
+                 tmp_path / 'work')
+    assert_refused(result, 'is a k-NN config: run it with the k-NN tool',
+                   f'tools/analysis/knn_eval.py {KNN_CONFIG} {tmp_path / "c.pth"}')
+    assert not (tmp_path / 'work').exists()
 
 
 def test_linear_probe_refuses_a_pretrained_checkpoint_that_loads_nothing(data_root, tmp_path):
@@ -239,40 +246,36 @@ def test_auto_resume_falls_back_to_the_previous_good_checkpoint(trained_run, dat
 
 # --- 6. --cfg-options ----------------------------------------------------------------------
 
-@pytest.mark.parametrize('tool, option, fragments', [
-    ('train', 'model.mask_cfg.p', ['no "=" in \'model.mask_cfg.p\'', 'KEY=VALUE']),
-    ('train', 'model.mask_cfg.p=[0.1',
+@pytest.mark.parametrize('option, fragments', [
+    ('model.mask_cfg.p', ['no "=" in \'model.mask_cfg.p\'', 'KEY=VALUE']),
+    ('model.mask_cfg.p=[0.1',
      ["unbalanced brackets in the value of model.mask_cfg.p: '[0.1'", 'KEY=[a,b]']),
-    ('train', 'model.mask_cfg.pp=0.1',
-     ["model.mask_cfg has no key 'pp' (did you mean 'model.mask_cfg.p'?)",
-      'Its keys are: mode, num, p.', '+model.mask_cfg.pp=VALUE']),
-    ('test', 'test_evaluator.kss=10',
-     ["test_evaluator has no key 'kss' (did you mean 'test_evaluator.ks'?)"]),
 ])
-def test_bad_cfg_options_name_the_option_and_the_expected_form(tool, option, fragments,
-                                                                data_root, tmp_path):
-    if tool == 'train':
-        args = train_args(data_root, tmp_path / 'work', epochs=1, options=[option])
-    else:
-        args = ['tools/test.py', KNN_CONFIG, tmp_path / 'missing.pth', '--work-dir',
-                tmp_path / 'work', '--cfg-options', option]
+def test_bad_cfg_options_name_the_option_and_the_expected_form(option, fragments, data_root,
+                                                                tmp_path):
+    args = train_args(data_root, tmp_path / 'work', epochs=1, options=[option])
     assert_refused(run(*args), *fragments)
     assert not (tmp_path / 'work').exists()
 
 
-def test_cfg_option_keys_follow_dicts_and_lists_and_plus_adds_keys():
+def test_cfg_options_add_new_keys_as_mmengine_does_and_name_them_in_a_warning():
     cfg = Config.fromfile(DEMO_CONFIG)
     options = {'model.mask_cfg.p': 0.2, 'custom_hooks.0.start': 0.05,
-               '+model.backbone.new_arg': 1, '+brand.new.dict': 2}
-    assert check_cfg_options(cfg, options) == {
-        'model.mask_cfg.p': 0.2, 'custom_hooks.0.start': 0.05, 'model.backbone.new_arg': 1,
-        'brand.new.dict': 2}
+               'model.mask_cfg.pp': 0.3, 'brand.new.dict': 2}
+    with pytest.warns(UserWarning) as caught:
+        merge_cfg_options(cfg, options)
+    message = str(caught[0].message)
+    assert "model.mask_cfg has no key 'pp' (did you mean 'model.mask_cfg.p'?)" in message
+    assert 'Its keys are: mode, num, p.' in message
+    assert "the config has no key 'brand'" in message
+    assert 'custom_hooks.0.start' not in message and "'model.mask_cfg.p=" not in message
+    assert (cfg.model.mask_cfg.p, cfg.model.mask_cfg.pp) == (0.2, 0.3)
+    assert cfg.custom_hooks[0].start == 0.05 and cfg.brand.new.dict == 2
+    assert check_cfg_options(cfg, {'model.mask_cfg.p': 0.1}) == []   # nothing added: silent
     with pytest.raises(ConfigOptionError, match=r'custom_hooks is a list of \d items'):
         check_cfg_options(cfg, {'custom_hooks.9.start': 0.05})
-    with pytest.raises(ConfigOptionError, match=r'model.mask_cfg.p is 0.1 \(float\), not a dict'):
+    with pytest.raises(ConfigOptionError, match=r'model.mask_cfg.p is 0.2 \(float\), not a dict'):
         check_cfg_options(cfg, {'model.mask_cfg.p.x': 1})
-    with pytest.raises(ConfigOptionError, match="the config has no key 'modle'"):
-        check_cfg_options(cfg, {'modle.mask_cfg.p': 1})
 
 
 # --- 7. a moved or copied work dir ---------------------------------------------------------

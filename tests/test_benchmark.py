@@ -45,7 +45,32 @@ def test_benchmark_tool_writes_every_measurement(tool, tmp_path, capsys):
     numbers = [tiny['step_ratio'], tiny['attention_ratio'], tiny['decoder_share'],
                pipeline['speedup'], *tiny['peak_memory_mib'].values()]
     assert all(math.isfinite(x) and x > 0 for x in numbers)
-    assert '| tiny | 2 |' in capsys.readouterr().out
+    for name, spread in tiny['step_spread'].items():
+        assert spread['min'] <= tiny['step_seconds'][name] <= spread['max']
+    low, high = tiny['step_ratio_range_over_repetitions']
+    assert low <= tiny['step_ratio'] <= high
+    printed = capsys.readouterr().out
+    assert '| tiny | 2 |' in printed
+    verdict = saved['verdict']
+    assert isinstance(verdict['quiet'], bool) and verdict['quiet'] == (not verdict['reasons'])
+    assert ('QUIET: a figure that may be published' in printed) == verdict['quiet']
+    assert ('NOISY, do not publish' in printed) != verdict['quiet']
+
+
+def test_the_quiet_rule_takes_the_load_before_timing_and_the_spread_of_every_step(tool):
+    def results(*spreads):
+        return dict(models=dict(m=dict(step_spread={
+            f'step{i}': dict(spread=s) for i, s in enumerate(spreads)})))
+
+    quiet = tool.quiet_verdict(0.1, results(0.02, 0.05))
+    assert quiet['quiet'] and quiet['reasons'] == [] and quiet['load_per_core_before'] == 0.1
+    loaded = tool.quiet_verdict(0.9, results(0.02))
+    assert not loaded['quiet'] and '0.90 per core' in loaded['reasons'][0]
+    spread = tool.quiet_verdict(0.1, results(0.02, 0.3))
+    assert spread['reasons'] == ['m step1: the repetitions spread over 30% of the median '
+                                 '(at most 10%)']
+    assert not tool.quiet_verdict(None, results(0.01))['quiet']   # unknown load: not quiet
+    assert tool.quiet_verdict(0.1, dict(models=dict(m=dict(skipped='no config'))))['quiet']
 
 
 def test_bad_batch_size_option_is_refused(tool):
@@ -181,6 +206,8 @@ def test_reference_dino_option_times_the_three_steps_from_the_clone(tool, tmp_pa
     assert calls.count('clip 3.0') == len(steps) and calls.count('cancel 0 0') == len(steps)
     printed = capsys.readouterr().out
     assert '| reference_dino |' in printed and 'MST / DINO mode' in printed
+    assert 'our DINO mode, speed against the reference' in printed
+    assert 'verdict' in json.loads(out.read_text())
 
 
 def test_reference_dino_option_names_what_the_folder_lacks(tool, tmp_path):

@@ -90,7 +90,7 @@ def test_train_py_amp(config, dtype, tmp_path):
     run_config = write_run_config(tmp_path, config, epochs=3)
     work_dir = tmp_path / 'work'
     run_tool([sys.executable, REPO / 'tools' / 'train.py', run_config, '--amp',
-              '--work-dir', work_dir, '--cfg-options', f'+optim_wrapper.dtype={dtype}'])
+              '--work-dir', work_dir, '--cfg-options', f'optim_wrapper.dtype={dtype}'])
     probe = read_probe(work_dir)
     assert_mst_trained_on_cuda(probe, iterations=6)
     # autocast ran the student's linear layers in the asked precision

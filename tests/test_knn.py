@@ -160,9 +160,9 @@ def test_knn_eval_with_two_processes_gives_the_single_process_numbers(tmp_path):
     assert result.stdout.count('|   k | top-1 (%) |') == 1   # rank 0 alone prints
 
 
-def test_slurm_test_sh_evaluates_with_two_gloo_ranks(tmp_path):
-    """tools/slurm_test.sh through tests/fake_slurm's srun and scontrol: two CPU ranks
-    (gloo, chosen because there is no GPU) give the single process's k-NN numbers."""
+def test_knn_eval_under_srun_evaluates_with_two_gloo_ranks(tmp_path):
+    """knn_eval.py --launcher slurm through tests/fake_slurm's srun: two CPU ranks (gloo,
+    chosen because there is no GPU) give the single process's k-NN numbers."""
     import json
     import os
     import subprocess
@@ -185,13 +185,14 @@ def test_slurm_test_sh_evaluates_with_two_gloo_ranks(tmp_path):
                GPUS_PER_NODE='2', MASTER_PORT=str(free_port()),
                PATH=os.pathsep.join([str(REPO / 'tests' / 'fake_slurm'),
                                      os.path.dirname(sys.executable), os.environ['PATH']]))
-    cmd = ['bash', str(REPO / 'tools/slurm_test.sh'), 'cpu', 'mst-knn', config, str(ckpt),
-           '--work-dir', str(tmp_path / 'w2'), '--out', str(tmp_path / 'two.json'),
-           '--out-item', 'metrics', *options]
+    cmd = ['srun', '-p', 'cpu', '--job-name=mst-knn', '--ntasks=2', '--ntasks-per-node=2',
+           '--kill-on-bad-exit=1', sys.executable, '-u', 'tools/analysis/knn_eval.py', config,
+           str(ckpt), '--launcher', 'slurm', '--work-dir', str(tmp_path / 'w2'), '--out',
+           str(tmp_path / 'two.json'), *options]
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert json.loads((tmp_path / 'two.json').read_text()) == {
-        f'knn/top1_k{k}': v for k, v in single.items()}
+        f'top1_k{k}': v for k, v in single.items()}
     log = result.stdout + result.stderr
     assert 'Distributed launcher: slurm' in log and 'GPU number: 2' in log  # 2 ranks

@@ -246,7 +246,17 @@ def test_fused_upsample_conv_equals_upsampling_then_convolving(shape):
                                rtol=1e-12, atol=1e-12)
 
 
-def test_decoder_equals_its_module_sequence_in_output_gradients_and_bn_statistics():
+def unfused_decoder(head: nn.Module, feats: torch.Tensor) -> torch.Tensor:
+    """The paper's decoder written out: per stage, upsample 2x, then conv3x3-BN-ReLU."""
+    x = feats
+    *stages, last = [m for m in head.decoder if not isinstance(m, nn.Identity)]
+    for stage in stages:
+        x = F.interpolate(x, scale_factor=2, mode='nearest')
+        x = F.relu(stage.norm(stage.conv(x)))
+    return last(x)
+
+
+def test_decoder_equals_upsampling_then_convolving_in_output_gradients_and_bn_statistics():
     from mst_mm.models import ImageDecoderHead
     torch.manual_seed(0)
     head = ImageDecoderHead(in_channels=32, channels=(16, 8, 8))
@@ -254,9 +264,9 @@ def test_decoder_equals_its_module_sequence_in_output_gradients_and_bn_statistic
     feats = torch.randn(3, 32, 4, 4)
     image = torch.randn(3, 3, 32, 32)
     results = []
-    for fused in (True, False):   # the head's forward, then its modules one after another
+    for fused in (True, False):   # the head's forward, then the unfused reference
         model = copy.deepcopy(head).train()
-        restored = model(feats) if fused else model.decoder(feats)
+        restored = model(feats) if fused else unfused_decoder(model, feats)
         F.l1_loss(restored, image).backward()
         results.append((restored.detach(), {n: p.grad for n, p in model.named_parameters()},
                         [b.clone() for b in model.buffers()]))
@@ -272,9 +282,24 @@ def test_decoder_equals_its_module_sequence_in_output_gradients_and_bn_statistic
 def test_decoder_never_convolves_at_the_upsampled_size():
     from mst_mm.models import ImageDecoderHead
     head = ImageDecoderHead(in_channels=32, channels=(16, 8, 8)).train()
+    conv_inputs = []
+    for module in head.modules():
+        if isinstance(module, nn.Conv2d):
+            module.register_forward_pre_hook(lambda m, args: conv_inputs.append(args[0].shape))
     upsampled = []
     for module in head.decoder:
         if isinstance(module, nn.Upsample):
             module.register_forward_hook(lambda *args: upsampled.append(1))
     assert head(torch.randn(2, 32, 4, 4)).shape == (2, 3, 32, 32)
     assert upsampled == []
+    # Only the last conv (RGB) runs at full size; the stages' convs are not called as
+    # modules at all (their weights go to the fused convolution).
+    assert conv_inputs == [(2, 8, 32, 32)]
+
+
+def test_decoder_keys_are_those_of_the_unfused_module_sequence():
+    from mst_mm.models import ImageDecoderHead
+    keys = set(ImageDecoderHead(in_channels=32, channels=(16, 8)).state_dict())
+    assert {'decoder.1.conv.weight', 'decoder.1.bn.weight', 'decoder.3.conv.weight',
+            'decoder.3.bn.running_var', 'decoder.4.weight', 'decoder.4.bias'} <= keys
+    assert not any(key.startswith(('decoder.0.', 'decoder.2.')) for key in keys)

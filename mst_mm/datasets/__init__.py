@@ -1,7 +1,6 @@
 from .checked_dataset import (
     OWN_DATA_HINT,
     CheckedImageDataset,
-    CheckedImageNet,
     LoadImageOrSkip,
     image_problem,
 )
@@ -12,7 +11,7 @@ from .transforms import ContiguousRandomResizedCrop, FusedColorJitter, MultiCrop
 from .worker_init import worker_init_from_torch_seed
 
 __all__ = [
-    'CheckedImageDataset', 'CheckedImageNet', 'ContiguousRandomResizedCrop',
+    'CheckedImageDataset', 'ContiguousRandomResizedCrop',
     'FusedColorJitter', 'IgnoredEntries', 'LAYOUTS', 'LoadImageOrSkip', 'MultiCrop',
     'OWN_DATA_HINT', 'PretrainImageFolder', 'describe_layouts', 'detect_layout',
     'format_from_extension', 'image_problem', 'scan_image_folder', 'sniff_image_format',

@@ -6,7 +6,7 @@ import mmcv
 from mmcv.transforms import LoadImageFromFile
 from mmengine import fileio
 from mmengine.logging import MMLogger, print_log
-from mmpretrain.datasets import CustomDataset, ImageNet
+from mmpretrain.datasets import CustomDataset
 from mmpretrain.registry import DATASETS, TRANSFORMS
 
 from .folder_scan import scan_image_folder, why_not_a_file
@@ -17,7 +17,7 @@ from .image_format import (
     undecodable_reason,
 )
 
-__all__ = ['CheckedImageDataset', 'CheckedImageNet', 'LoadImageOrSkip', 'OWN_DATA_HINT',
+__all__ = ['CheckedImageDataset', 'LoadImageOrSkip', 'OWN_DATA_HINT',
            'image_problem']
 
 #: Appended to the layout errors of the datasets that expect one fixed layout.
@@ -233,13 +233,3 @@ class CheckedImageDataset(_CheckedInputs, CustomDataset):
     EXPECTED_LAYOUT = ('<data_root>/<class>/<image> (one sub-folder per class; with '
                        'with_label=False, every image under data_root), or an ann_file of '
                        "'<path> <label>' lines relative to data_root/data_prefix")
-
-
-@DATASETS.register_module()
-class CheckedImageNet(_CheckedInputs, ImageNet):
-    """mmpretrain's ``ImageNet``, checked at start-up and tolerant of a few broken images
-    (see ``_CheckedInputs``)."""
-
-    EXPECTED_LAYOUT = ("ImageNet-1k's layout: <data_root>/<split>/<wnid>/<image> with the "
-                       "1000 ImageNet classes, optionally listed by <data_root>/meta/<split>.txt "
-                       "('<path> <label>' lines)")

@@ -1,11 +1,11 @@
 """Command-line plumbing shared by our tools: checked ``--cfg-options`` and clean errors.
 
-mmengine's ``DictAction`` fails on ``KEY`` without ``=`` with Python's "not enough values
-to unpack", takes ``KEY=[0.1`` as the string ``'[0.1'`` (the model then fails on the value,
-far from the option), and ``Config.merge_from_dict`` adds any unknown key silently, so a
-typo such as ``model.mask_cfg.pp=0.1`` either changes nothing or fails deep inside a
-constructor. Here the syntax is checked when the arguments are parsed and the keys against
-the loaded config, and both errors name the option and the expected form.
+``--cfg-options`` keeps mmengine's semantics (``Config.merge_from_dict``: a key the config
+does not set is added). Kept on top of mmengine's ``DictAction`` because it fails on ``KEY``
+without ``=`` with Python's "not enough values to unpack" and takes ``KEY=[0.1`` as the
+string ``'[0.1'``: here both are refused when the arguments are parsed, naming the option
+and the expected form, and an added key is named in a warning with the closest existing
+one, since a typo such as ``model.mask_cfg.pp=0.1`` otherwise changes nothing, silently.
 """
 import argparse
 import difflib
@@ -13,15 +13,16 @@ import glob
 import os.path as osp
 import re
 import sys
-from typing import Any, Callable, Dict, List, Optional, Sequence
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
 
 from .errors import ConfigOptionError, NotATestConfigError, UserInputError
 
-# Dot-separated names or list indices; a leading '+' adds a key the config does not have.
-_KEY = re.compile(r'^\+?[A-Za-z_]\w*(\.\w+)*$')
+# Dot-separated names or list indices.
+_KEY = re.compile(r'^[A-Za-z_]\w*(\.\w+)*$')
 _FORM = ('each option is KEY=VALUE with no spaces around "=", e.g. model.mask_cfg.p=0.1; '
          'a list is KEY=[a,b] or KEY=a,b, a tuple KEY=(a,b), nested KEY="[(a,b),(c,d)]" '
          '(quote the option for the shell)')
@@ -41,8 +42,7 @@ def cfg_option_syntax_error(option: str) -> Optional[str]:
     key, value = option.split('=', 1)
     if not _KEY.match(key):
         return (f'{key!r} is not a config key: keys are names joined by dots '
-                '(model.mask_cfg.p), list items are numbers (custom_hooks.0.start), and a '
-                'leading + adds a key that the config does not set yet')
+                '(model.mask_cfg.p), and list items are numbers (custom_hooks.0.start)')
     stack, pairs = [], {')': '(', ']': '['}
     for char in value:
         if char in '([':
@@ -91,43 +91,41 @@ def add_cfg_options_argument(parser: argparse.ArgumentParser) -> None:
         '--cfg-options', nargs='+', action=CheckedDictAction, metavar='KEY=VALUE',
         help='override settings of the config, e.g. model.mask_cfg.p=0.05. A list is '
         'KEY=[a,b] or KEY=a,b, a tuple KEY=(a,b), nested KEY="[(a,b),(c,d)]" (quotes '
-        'needed, no spaces). KEY must exist in the config; +KEY=VALUE adds a key that the '
-        'config does not set yet.')
+        'needed, no spaces). As in mmengine, a KEY the config does not set is added (with a '
+        'warning naming the closest existing key).')
 
 
-def check_cfg_options(cfg: Config, options: Dict[str, Any]) -> Dict[str, Any]:
-    """Check that every key of ``options`` exists in ``cfg``; return them ready to merge.
+def check_cfg_options(cfg: Config, options: Dict[str, Any]) -> List[str]:
+    """The keys of ``options`` that ``cfg`` does not set, each with its closest existing key.
 
-    A key may go through dicts (by name) and lists (by index). A key written ``+KEY`` may be
-    new: its missing part is created by the merge. The ``+`` is removed from the result.
+    A key may go through dicts (by name) and lists (by index).
 
     Args:
         cfg (Config): The loaded config.
         options (dict): ``--cfg-options`` as ``CheckedDictAction`` parsed them.
 
     Returns:
-        dict: The options for ``Config.merge_from_dict``.
+        list[str]: One line per added key, empty when every key exists.
 
     Raises:
-        ConfigOptionError: One entry per unknown key, with the valid keys of the nearest
-            existing parent and the closest match.
+        ConfigOptionError: A key that cannot be merged: a list index out of range, or a key
+            below a value that is not a dict.
     """
-    checked, problems = {}, []
-    for raw_key, value in options.items():
-        adds = raw_key.startswith('+')
-        key = raw_key[1:] if adds else raw_key
-        checked[key] = value
-        problem = _key_problem(cfg, key, adds)
-        if problem is not None:
-            problems.append(f'{raw_key}={value!r}: {problem}')
+    added, problems = [], []
+    for key, value in options.items():
+        kind, text = _key_problem(cfg, key)
+        if kind == 'added':
+            added.append(f'{key}={value!r}: {text}')
+        elif kind == 'error':
+            problems.append(f'{key}={value!r}: {text}')
     if problems:
         raise ConfigOptionError('Bad --cfg-options key{}:\n  {}'.format(
             's' if len(problems) > 1 else '', '\n  '.join(problems)))
-    return checked
+    return added
 
 
 def merge_cfg_options(cfg: Config, options: Optional[Dict[str, Any]]) -> Config:
-    """``cfg.merge_from_dict(options)`` after :func:`check_cfg_options`.
+    """``cfg.merge_from_dict(options)``, with a warning for each key the config did not set.
 
     Args:
         cfg (Config): The config, changed in place.
@@ -137,36 +135,41 @@ def merge_cfg_options(cfg: Config, options: Optional[Dict[str, Any]]) -> Config:
         Config: ``cfg``.
     """
     if options:
-        cfg.merge_from_dict(check_cfg_options(cfg, options))
+        added = check_cfg_options(cfg, options)
+        if added:
+            warnings.warn('--cfg-options adds keys that the config does not set (check for a '
+                          'typo):\n  ' + '\n  '.join(added), stacklevel=2)
+        cfg.merge_from_dict(options)
     return cfg
 
 
-def _key_problem(cfg: Config, key: str, adds: bool) -> Optional[str]:
+def _key_problem(cfg: Config, key: str) -> Tuple[Optional[str], str]:
+    """``(None, '')`` for an existing key, ``('added', why)`` for a new one, ``('error', why)``
+    for one that cannot be merged."""
     node: Any = cfg
     parts = key.split('.')
     for depth, part in enumerate(parts):
         parent = '.'.join(parts[:depth]) or 'the config'
         if isinstance(node, (list, tuple)):
             if not part.isdigit() or int(part) >= len(node):
-                return (f'{parent} is a list of {len(node)} items: address one by its index, '
-                        f'0 to {len(node) - 1} (e.g. {parent}.0.KEY=VALUE)')
+                return 'error', (f'{parent} is a list of {len(node)} items: address one by its '
+                                 f'index, 0 to {len(node) - 1} (e.g. {parent}.0.KEY=VALUE)')
             node = node[int(part)]
         elif isinstance(node, (dict, Config)):
             if part in node:
                 node = node[part]
                 continue
-            if adds or part == '_delete_':
-                return None
+            if part == '_delete_':
+                return None, ''
             keys = sorted(str(k) for k in node)
             close = difflib.get_close_matches(part, keys, n=1)
             hint = f' (did you mean {".".join(parts[:depth] + close)!r}?)' if close else ''
-            return (f'{parent} has no key {part!r}{hint}. Its keys are: '
-                    f'{_listing(keys)}. To add a key that the config does not set yet, '
-                    f'write +{key}=VALUE')
+            return 'added', (f'{parent} has no key {part!r}{hint}. Its keys are: '
+                             f'{_listing(keys)}.')
         else:
-            return (f'{parent} is {node!r} ({type(node).__name__}), not a dict: it has no '
-                    f'key {part!r}')
-    return None
+            return 'error', (f'{parent} is {node!r} ({type(node).__name__}), not a dict: it has '
+                             f'no key {part!r}')
+    return None, ''
 
 
 def _listing(keys: List[str], limit: int = 40) -> str:
@@ -196,6 +199,9 @@ _BACKBONE_TOKENS = ('deit-s', 'swin-t', 'vit-tiny', 'vit-b', 'vit-s')
 def check_test_config(cfg: Config, config_path: str, checkpoint: str) -> None:
     """Refuse a config that ``tools/test.py`` cannot run, saying what to run instead.
 
+    k-NN has one entry point, ``tools/analysis/knn_eval.py``, which runs the same
+    ``KNNTestLoop`` and prints the table.
+
     mmengine fails on a config without a test split with "``self._test_loop`` should not
     be None". A pretraining config has none: its checkpoint is evaluated through the
     backbone, by k-NN, a linear probe or a downstream task, each with its own config under
@@ -208,8 +214,15 @@ def check_test_config(cfg: Config, config_path: str, checkpoint: str) -> None:
         checkpoint (str): The checkpoint to evaluate, as given.
 
     Raises:
-        NotATestConfigError: the config has no ``test_dataloader`` or ``test_evaluator``.
+        NotATestConfigError: the config has no ``test_dataloader`` or ``test_evaluator``, or
+            is a k-NN config, which ``tools/analysis/knn_eval.py`` runs.
     """
+    if (cfg.get('test_cfg') or {}).get('type') == 'KNNTestLoop':
+        raise NotATestConfigError(
+            f'{config_path} is a k-NN config: run it with the k-NN tool, python '
+            f'tools/analysis/knn_eval.py {config_path} {checkpoint} (it prints the table and '
+            'takes --weights, --ks and --out; torchrun ... --launcher pytorch for several '
+            'processes).')
     missing = [key for key in ('test_dataloader', 'test_evaluator') if cfg.get(key) is None]
     if not missing:
         return

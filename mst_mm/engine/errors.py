@@ -14,7 +14,7 @@ class UserInputError(Exception):
 
 
 class ConfigOptionError(UserInputError, ValueError):
-    """A ``--cfg-options`` entry with a bad syntax or a key that the config does not have."""
+    """A ``--cfg-options`` entry with a bad syntax, or a key that cannot be merged."""
 
 
 class CheckpointError(UserInputError):

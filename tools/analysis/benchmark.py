@@ -37,6 +37,13 @@ mask and decoder off) and our MST step on the same crops; with AMP on both sides
 three steps, our speed against the reference's (reference seconds / ours) for both, MST /
 DINO mode, the spread of every figure, and the peak memory (e) of each step.
 
+A figure is only as good as the machine was quiet. Every run ends with a verdict
+(``quiet`` in the JSON, and a last line saying whether the figures may be published): quiet
+when the 1-minute load average before the first timing was at most ``QUIET_LOAD`` per
+core (nothing else running) and every step's spread over the repetitions, (max - min) /
+median, is at most ``QUIET_SPREAD``. A noisy run is marked as such in its JSON and its
+output; the README and docs/benchmarks.md quote quiet runs only.
+
 Speeds are never asserted in tests; ``tests/test_benchmark.py`` runs this tool on the tiny
 model (and on a stand-in for DINO's code) and checks the JSON.
 """
@@ -82,6 +89,9 @@ REFERENCE_ARCHS = {'deit-t': 'vit_tiny', 'deit-tiny': 'vit_tiny',
                    'deit-b': 'vit_base', 'deit-base': 'vit_base', 'b': 'vit_base',
                    'base': 'vit_base'}
 STEP_NAMES = ('reference_dino', 'dino_mode', 'mst')
+# The quiet-machine rule (module docstring): load per core before timing, spread of a step.
+QUIET_LOAD = 0.25
+QUIET_SPREAD = 0.10
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,7 +273,8 @@ def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, wa
         model, optim_wrapper = built[name]
         return lambda: model.train_step(batch, optim_wrapper)
 
-    step = interleaved_medians({name: step_fn(name) for name in built}, repeats, warmup, device)
+    times = interleaved_times({name: step_fn(name) for name in built}, repeats, warmup, device)
+    step = {name: statistics.median(t) for name, t in times.items()}
 
     mst = built['mst'][0]
     preprocessed = mst.data_preprocessor(batch, training=True)['inputs']
@@ -284,6 +295,10 @@ def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, wa
     result = dict(
         batch_size=batch_size,
         step_seconds=step, step_ratio=step['mst'] / step['dino'],
+        step_spread={name: _spread(t) for name, t in times.items()},
+        step_ratio_range_over_repetitions=[
+            min(m / d for m, d in zip(times['mst'], times['dino'])),
+            max(m / d for m, d in zip(times['mst'], times['dino']))],
         attention_forward_seconds=attention,
         attention_ratio=attention['with_attn'] / attention['without'])
     if mst.decoder_head is not None:
@@ -666,6 +681,40 @@ def _memory_probe(spec: dict) -> None:
     print(json.dumps(dict(peak_mib=peak / 2**20)))
 
 
+def load_per_core() -> Optional[float]:
+    """The 1-minute load average per core, or None where the system does not tell."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except (AttributeError, OSError):
+        return None
+
+
+def quiet_verdict(load: Optional[float], results: dict) -> dict:
+    """Whether a run's figures may be published: the rule of the module docstring.
+
+    Args:
+        load (float | None): :func:`load_per_core` before the first timing.
+        results (dict): The run's results, with each model's step times.
+
+    Returns:
+        dict: ``quiet`` (bool) and ``reasons`` (why not, one line each).
+    """
+    reasons = []
+    if load is None:
+        reasons.append('the load average is unknown on this system')
+    elif load > QUIET_LOAD:
+        reasons.append(f'the 1-minute load average was {load:.2f} per core before timing '
+                       f'(at most {QUIET_LOAD} when nothing else runs)')
+    for name, result in results['models'].items():
+        spreads = result.get('step_spread') or {}
+        for step, spread in spreads.items():
+            if spread['spread'] > QUIET_SPREAD:
+                reasons.append(f'{name} {step}: the repetitions spread over '
+                               f'{spread["spread"]:.0%} of the median (at most '
+                               f'{QUIET_SPREAD:.0%})')
+    return dict(quiet=not reasons, reasons=reasons, load_per_core_before=load)
+
+
 def machine() -> dict:
     info = dict(platform=platform.platform(), python=platform.python_version(),
                 torch=torch.__version__, cpus=os.cpu_count(),
@@ -689,6 +738,8 @@ def git_commit() -> Optional[str]:
 
 
 def print_table(results: dict) -> None:
+    print('\nsteps: median (min-max) over the repetitions; ratios: median (range over the '
+          'repetitions)')
     print('\n| model | batch | step DINO (s) | step MST (s) | MST/DINO (<= 1.10) '
           '| attn fwd ratio (<= 1.02) | decoder share | pipeline img/s default -> fast '
           '| peak MiB DINO / MST |')
@@ -701,8 +752,12 @@ def print_table(results: dict) -> None:
         memory = r.get('peak_memory_mib', {})
         mem = ' / '.join(f'{memory[v]:.0f}' for v in ('dino', 'mst')) if memory else 'n/a'
         share = f'{r["decoder_share"]:.1%}' if 'decoder_share' in r else 'n/a'
-        print(f'| {name} | {r["batch_size"]} | {r["step_seconds"]["dino"]:.3f} '
-              f'| {r["step_seconds"]["mst"]:.3f} | {r["step_ratio"]:.3f} '
+        dino, mst = r['step_spread']['dino'], r['step_spread']['mst']
+        low, high = r['step_ratio_range_over_repetitions']
+        print(f'| {name} | {r["batch_size"]} '
+              f'| {dino["median"]:.3f} ({dino["min"]:.3f}-{dino["max"]:.3f}) '
+              f'| {mst["median"]:.3f} ({mst["min"]:.3f}-{mst["max"]:.3f}) '
+              f'| {r["step_ratio"]:.3f} ({low:.3f}-{high:.3f}) '
               f'| {r["attention_ratio"]:.3f} | {share} '
               f'| {pipe["mmpretrain_default"]:.1f} -> {pipe["mst_mm"]:.1f} '
               f'(x{r["pipeline"]["speedup"]:.2f}) | {mem} |')
@@ -722,9 +777,14 @@ def print_reference_table(results: dict) -> None:
             mem = f'{memory[step]:.0f}' if step in memory else 'n/a'
             print(f'| {step} | {spread["median"]:.3f} ({spread["min"]:.3f}-{spread["max"]:.3f}) '
                   f'| {speeds[step]:.3f} | {mem} |')
-        low, high = r['ratio_range_over_repetitions']['mst_over_dino_mode']
-        print(f'MST / DINO mode: {r["mst_over_dino_mode"]:.3f} '
-              f'(per repetition {low:.3f}-{high:.3f})')
+        ranges = r['ratio_range_over_repetitions']
+        for label, key, range_key in (
+                ('our DINO mode, speed against the reference', 'dino_mode_speed_vs_reference',
+                 'dino_mode_speed'),
+                ('MST, speed against the reference', 'mst_speed_vs_reference', 'mst_speed'),
+                ('MST / DINO mode', 'mst_over_dino_mode', 'mst_over_dino_mode')):
+            low, high = ranges[range_key]
+            print(f'{label}: {r[key]:.3f} (per repetition {low:.3f}-{high:.3f})')
         cpu = r['cpu_seconds']
         print('process CPU seconds (all threads), median: '
               + ', '.join(f'{step} {cpu[step]:.3f}' for step in STEP_NAMES)
@@ -759,6 +819,7 @@ def _run(args: argparse.Namespace, argv) -> dict:
     if amp and not args.device.startswith('cuda'):
         raise ValueError('--amp needs --device cuda: DINO\'s mixed precision is CUDA-only.')
 
+    load = load_per_core()
     results = dict(command='python tools/analysis/benchmark.py ' + ' '.join(
         argv if argv is not None else sys.argv[1:]), commit=git_commit(), machine=machine(),
         device=args.device, repeats=args.repeats, models={})
@@ -797,6 +858,13 @@ def _run(args: argparse.Namespace, argv) -> dict:
         print_reference_table(results)
     else:
         print_table(results)
+    results['verdict'] = quiet_verdict(load, results)
+    if results['verdict']['quiet']:
+        print(f'\nQUIET: a figure that may be published, with this command and commit '
+              f'{results["commit"]}.')
+    else:
+        print('\nNOISY, do not publish these figures: '
+              + '; '.join(results['verdict']['reasons']) + '.')
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:
         json.dump(results, f, indent=2)

@@ -5,6 +5,10 @@
         [--out knn.json]
     # 8 GPUs (or CPU processes) share the feature extraction:
     torchrun --nproc_per_node 8 tools/analysis/knn_eval.py CONFIG CKPT --launcher pytorch
+    srun -p PARTITION --ntasks 8 --gres gpu:8 python tools/analysis/knn_eval.py CONFIG CKPT \
+        --launcher slurm
+
+This is the one k-NN entry point: ``tools/test.py`` sends a k-NN config here.
 
 CONFIG is a k-NN benchmark config (``configs/benchmarks/knn/``); CKPT an MST training
 checkpoint (teacher weights by default) or any state dict the config's backbone accepts.

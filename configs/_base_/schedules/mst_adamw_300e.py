@@ -43,6 +43,9 @@ train_cfg = dict(type='MidEpochResumeTrainLoop', max_epochs=max_epochs)
 custom_hooks = [
     dict(type='TeacherTempWarmupHook', start=0.04, end=0.07, warmup_epochs=30),
     dict(type='FreezeLastLayerHook', freeze_epochs=1),
+    # Input, teacher attention, masks and reconstruction of two crops, to the visualizer's
+    # backends (add TensorboardVisBackend to vis_backends to see them there).
+    dict(type='MSTVisualizationHook', interval=5000, num_images=2),
 ]
 # 8 GPUs x 128 images; `--auto-scale-lr` rescales lr for other batch sizes.
 auto_scale_lr = dict(base_batch_size=1024, enable=False)

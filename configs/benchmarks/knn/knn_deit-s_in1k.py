@@ -1,6 +1,7 @@
 # Weighted k-NN of an MST DeiT-S checkpoint on ImageNet-1k (paper appendix, Table 7):
 # train split as reference, val split as queries, 224 px centre crops of 256 px resizes.
-#   bash tools/dist_test.sh configs/benchmarks/knn/knn_deit-s_in1k.py CKPT 8
+#   torchrun --nproc_per_node 8 tools/analysis/knn_eval.py \
+#       configs/benchmarks/knn/knn_deit-s_in1k.py CKPT --launcher pytorch
 _base_ = [
     '../../_base_/datasets/imagenet_linear_probe.py',
     '../../_base_/default_runtime.py',

@@ -48,6 +48,17 @@ def upsample2x_conv3x3(x: torch.Tensor, weight: torch.Tensor,
     return out if bias is None else out + bias.view(1, -1, 1, 1)
 
 
+class Upsample2xConvModule(ConvModule):
+    """mmcv's conv-norm-act block whose convolution sees its input upsampled 2x (nearest),
+    computed fused by :func:`upsample2x_conv3x3`; the parameters are a ConvModule's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = upsample2x_conv3x3(x, self.conv.weight, self.conv.bias)
+        if self.with_norm:
+            x = self.norm(x)
+        return self.activate(x) if self.with_activation else x
+
+
 @MODELS.register_module()
 class ImageDecoderHead(BaseModule):
     r"""Conv decoder that restores the whole image from the student's patch features.
@@ -67,7 +78,7 @@ class ImageDecoderHead(BaseModule):
     project's 2-core CPU, (128, 64, 32, 16) (about 1.1 GMAC per 224-px crop) made an MST step
     1.34x a DINO step; the default (64, 32, 16, 8) (about 0.36 GMAC) brought it to 1.09x,
     with the decoder at 4 % of the step (docs/benchmarks.md; measured before the stages
-    were fused, see :meth:`forward`).
+    were fused by :class:`Upsample2xConvModule`, which halves their cost).
 
     Args:
         in_channels (int): Channels of the input feature map (384 for DeiT-S).
@@ -99,29 +110,19 @@ class ImageDecoderHead(BaseModule):
         prev = in_channels
         for width in channels:
             stages += [
-                nn.Upsample(scale_factor=2, mode='nearest'),
-                ConvModule(prev, width, 3, padding=1,
-                           norm_cfg=norm_cfg or dict(type='BN'), act_cfg=dict(type='ReLU')),
+                # Where an nn.Upsample stood before the stages were fused: the parameter
+                # names (decoder.1.conv.weight, ...) stay those of earlier checkpoints.
+                nn.Identity(),
+                Upsample2xConvModule(prev, width, 3, padding=1,
+                                     norm_cfg=norm_cfg or dict(type='BN'),
+                                     act_cfg=dict(type='ReLU')),
             ]
             prev = width
         self.decoder = nn.Sequential(*stages, nn.Conv2d(prev, out_channels, 3, padding=1))
 
     def forward(self, feat_map: torch.Tensor) -> torch.Tensor:
-        """Decode (B, C, h, w) to an image (B, 3, h * 2^S, w * 2^S).
-
-        Each stage's upsampling and convolution run fused (:func:`upsample2x_conv3x3`),
-        which gives ``self.decoder(feat_map)`` at about half the cost; the modules and so
-        the checkpoints are unchanged.
-        """
-        layers = list(self.decoder)
-        x = feat_map
-        for stage in layers[1:-1:2]:   # (Upsample, ConvModule) pairs, then the last conv
-            x = upsample2x_conv3x3(x, stage.conv.weight, stage.conv.bias)
-            if stage.with_norm:
-                x = stage.norm(x)
-            if stage.with_activation:
-                x = stage.activate(x)
-        return layers[-1](x)
+        """Decode (B, C, h, w) to an image (B, 3, h * 2^S, w * 2^S)."""
+        return self.decoder(feat_map)
 
     def loss(self, feat_map: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Weighted L1 between the reconstruction and the (normalised) input image."""
