@@ -72,13 +72,11 @@ class ImageDecoderHead(BaseModule):
     .. math::
         l_{restoring} = \lambda_2\,\mathbb E_{H\times W}\,|x - g(\theta_g; f_s(\theta_s; x, m))|
 
-    The widths are chosen by cost (``tools/analysis/benchmark.py``; the paper gives none).
-    Each stage upsamples *before* its conv, so the late stages run at 112 and 224 px and
-    their cost, memory-bound on a CPU, grows with width. For DeiT-S at batch 16 on this
-    project's 2-core CPU, (128, 64, 32, 16) (about 1.1 GMAC per 224-px crop) made an MST step
-    1.34x a DINO step; the default (64, 32, 16, 8) (about 0.36 GMAC) brought it to 1.09x,
-    with the decoder at 4 % of the step (docs/benchmarks.md; measured before the stages
-    were fused by :class:`Upsample2xConvModule`, which halves their cost).
+    The widths are chosen by cost (the paper gives none). Each stage upsamples *before* its
+    conv, so the late stages run at 112 and 224 px and their cost, memory-bound on a CPU,
+    grows with width: (128, 64, 32, 16) is about 1.1 GMAC per 224-px crop, the default
+    (64, 32, 16, 8) about 0.36 GMAC. :class:`Upsample2xConvModule` computes each stage at
+    its input's size.
 
     Args:
         in_channels (int): Channels of the input feature map (384 for DeiT-S).
