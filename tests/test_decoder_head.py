@@ -4,13 +4,15 @@ import torch
 import torch.nn as nn
 
 from mst_mm.models import ImageDecoderHead
+from mst_mm.models.heads.decoder_head import Upsample2xConvModule
 
 
 def test_four_stages_reach_full_resolution():
     head = ImageDecoderHead(in_channels=24, channels=(16, 8, 8, 4))
     out = head(torch.randn(2, 24, 14, 14))
     assert out.shape == (2, 3, 224, 224)
-    assert sum(isinstance(m, nn.Upsample) for m in head.modules()) == 4
+    # Four 2x stages (each upsamples inside its fused convolution: tests/test_step_speedups.py)
+    assert sum(isinstance(m, Upsample2xConvModule) for m in head.modules()) == 4
     assert sum(isinstance(m, nn.BatchNorm2d) for m in head.modules()) == 4
 
 
