@@ -153,7 +153,7 @@ class VisionTransformer(nn.Module):
         return self.patch(x).mean(dim=(2, 3))
 
 
-class DINODistillHead(nn.Module):
+class DINOHead(nn.Module):
     def __init__(self, in_dim, out_dim, use_bn=False, norm_last_layer=True, nlayers=3,
                  hidden_dim=2048, bottleneck_dim=256):
         super().__init__()

@@ -366,7 +366,7 @@ class ReferenceDINOStep:
     settings, as a callable that runs one step.
 
     Everything that makes up the step is DINO's own code: ``vision_transformer`` (the ViT
-    and ``DINODistillHead``), ``utils`` (``MultiCropWrapper``, ``get_params_groups``,
+    and ``DINOHead``), ``utils`` (``MultiCropWrapper``, ``get_params_groups``,
     ``clip_gradients``, ``cancel_gradients_last_layer``) and ``main_dino.DINOLoss``. Only
     the order of calls of ``train_one_epoch``'s loop body is restated here, because the
     loop itself needs DINO's data loader and a GPU. Single-process differences from a
@@ -403,10 +403,10 @@ class ReferenceDINOStep:
         student = reference_vit(vits, backbone, backbone.get('drop_path_rate', 0.))
         teacher = reference_vit(vits, backbone, 0.)
         embed_dim = student.embed_dim
-        self.student = utils.MultiCropWrapper(student, vits.DINODistillHead(
+        self.student = utils.MultiCropWrapper(student, vits.DINOHead(
             embed_dim, out_dim, norm_last_layer=neck.get('norm_last_layer', True),
             **head_kwargs)).to(device)
-        self.teacher = utils.MultiCropWrapper(teacher, vits.DINODistillHead(
+        self.teacher = utils.MultiCropWrapper(teacher, vits.DINOHead(
             embed_dim, out_dim, **head_kwargs)).to(device)
         self.teacher.load_state_dict(self.student.state_dict())
         for param in self.teacher.parameters():
