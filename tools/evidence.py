@@ -31,6 +31,7 @@ import os.path as osp
 import statistics
 import subprocess
 import sys
+import tempfile
 from typing import Dict, List, Optional
 
 import torch
@@ -501,7 +502,6 @@ def write_pictures(rows: Dict[str, List[dict]], summary: dict, out: str,
                   for c in sorted(os.listdir(test))]
         # The model as this code names it (not the run's dumped config, which keeps the
         # registry names of the code that trained it).
-        import tempfile
         with tempfile.TemporaryDirectory() as tmp:
             config = osp.join(tmp, osp.basename(VIT_CONFIG))
             pretrain_config(VIT_CONFIG, 'mst_guided_mask', 0, dict(epochs=1), data_root,
