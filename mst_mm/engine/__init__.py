@@ -1,13 +1,11 @@
 from .checked_loading import (
     CheckedPretrainedInit,
     CheckedRunner,
-    LoadReport,
     build_runner,
     load_state_dict_checked,
     raise_if_incomplete,
 )
 from .cli import (
-    CheckedDictAction,
     add_cfg_options_argument,
     check_cfg_options,
     merge_cfg_options,
@@ -33,7 +31,6 @@ from .optim_constructor import StudentOptimWrapperConstructor
 from .optimizers import AMP_OPTIM_WRAPPERS, DINOAmpOptimWrapper, DINOOptimWrapper
 from .resume import check_training_checkpoint, find_resume_checkpoint, read_last_checkpoint
 from .safe_loading import (
-    allow_mmengine_checkpoint_globals,
     install_weights_only_loader,
     load_checkpoint_safely,
     load_local_checkpoint,
@@ -41,13 +38,13 @@ from .safe_loading import (
 )
 
 __all__ = [
-    'AMP_OPTIM_WRAPPERS', 'CPUSyncBatchNorm', 'CheckedDictAction', 'CheckedPretrainedInit',
+    'AMP_OPTIM_WRAPPERS', 'CPUSyncBatchNorm', 'CheckedPretrainedInit',
     'CheckedRunner', 'CheckpointError', 'CheckpointNotFoundError', 'ConfigOptionError',
     'ConfigValueError', 'DINOAmpOptimWrapper', 'DINOOptimWrapper', 'DeviceAgnosticDDP',
-    'IncompleteCheckpointError', 'KNNTestLoop', 'LoadReport', 'MidEpochResumeTrainLoop',
+    'IncompleteCheckpointError', 'KNNTestLoop', 'MidEpochResumeTrainLoop',
     'NotATestConfigError', 'NotATrainingCheckpointError', 'StudentOptimWrapperConstructor',
     'UnreadableCheckpointError', 'UnsafeCheckpointError', 'UserInputError',
-    'add_cfg_options_argument', 'allow_mmengine_checkpoint_globals', 'build_runner',
+    'add_cfg_options_argument', 'build_runner',
     'check_cfg_options', 'check_training_checkpoint', 'find_resume_checkpoint',
     'init_cpu_distributed', 'install_weights_only_loader', 'load_checkpoint_safely',
     'load_local_checkpoint', 'load_state_dict_checked', 'merge_cfg_options',
