@@ -69,6 +69,12 @@ def test_the_quiet_rule_takes_the_load_before_timing_and_the_spread_of_every_ste
     spread = tool.quiet_verdict(0.1, results(0.02, 0.3))
     assert spread['reasons'] == ['m step1: the repetitions spread over 30% of the median '
                                  '(at most 10%)']
+    with_scaling = results(0.02)
+    with_scaling['models']['m']['scaling'] = [dict(batch_size=4, num_local_crops=0,
+                                                   step_spread=dict(mst=dict(spread=0.2)))]
+    assert tool.quiet_verdict(0.1, with_scaling)['reasons'] == [
+        'm mst (batch 4, 0 local crops): the repetitions spread over 20% of the median '
+        '(at most 10%)']
     assert not tool.quiet_verdict(None, results(0.01))['quiet']   # unknown load: not quiet
     assert tool.quiet_verdict(0.1, dict(models=dict(m=dict(skipped='no config'))))['quiet']
 
@@ -208,6 +214,32 @@ def test_reference_dino_option_times_the_three_steps_from_the_clone(tool, tmp_pa
     assert '| reference_dino |' in printed and 'MST / DINO mode' in printed
     assert 'our DINO mode, speed against the reference' in printed
     assert 'verdict' in json.loads(out.read_text())
+
+
+def test_scaling_times_the_three_steps_at_every_batch_and_local_crop_count(tool, tmp_path,
+                                                                          capsys):
+    clone = stand_in_dino(tmp_path / 'dino')
+    out = tmp_path / 'scaling.json'
+    config = 'configs/mst/mst_vit-tiny-p4_1xb64-coslr-10e_demo.py'
+    tool.main(['--reference-dino', str(clone), '--models', config, '--repeats', '1',
+               '--warmup', '1', '--batch-size', '2', '--threads', '1', '--skip-memory',
+               '--scaling', '--out', str(out)])
+    saved = json.loads(out.read_text())
+    points = saved['models'][config]['scaling']
+    assert [(p['batch_size'], p['num_local_crops']) for p in points] == list(
+        tool.SCALING_POINTS)
+    for point in points:
+        spread = point['step_spread']
+        assert set(spread) == {'reference_dino', 'dino_mode', 'mst'}
+        assert math.isclose(point['mst_over_dino_mode'],
+                            spread['mst']['median'] / spread['dino_mode']['median'])
+    # DINO's loss was built for each point's crop count: 2 global + the local crops.
+    inits = [c for c in (clone / 'calls.txt').read_text().splitlines()
+             if c.startswith('loss_init')]
+    assert [int(c.split()[2]) for c in inits] == [6] + [2 + n for _, n in tool.SCALING_POINTS]
+    printed = capsys.readouterr().out
+    assert '| 16 | 8 |' in printed and '| 4 | 0 |' in printed
+    assert isinstance(saved['verdict']['quiet'], bool)
 
 
 def test_reference_dino_option_names_what_the_folder_lacks(tool, tmp_path):

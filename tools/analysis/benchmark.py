@@ -35,7 +35,9 @@ backbone, head, crops, K and temperatures, interleaved with our DINO mode (the c
 mask and decoder off) and our MST step on the same crops; with AMP on both sides on CUDA
 (DINO's ``autocast`` + ``GradScaler``, our ``--amp`` optimiser wrapper). It reports the
 three steps, our speed against the reference's (reference seconds / ours) for both, MST /
-DINO mode, the spread of every figure, and the peak memory (e) of each step.
+DINO mode, the spread of every figure, and the peak memory (e) of each step. ``--scaling``
+adds the three steps at batch 4, 8 and 16 (8 local crops) and at 0, 2 and 8 local crops
+(batch 4): whether our overhead grows with the work.
 
 A figure is only as good as the machine was quiet. Every run ends with a verdict
 (``quiet`` in the JSON, and a last line saying whether the figures may be published): quiet
@@ -89,6 +91,8 @@ REFERENCE_ARCHS = {'deit-t': 'vit_tiny', 'deit-tiny': 'vit_tiny',
                    'deit-b': 'vit_base', 'deit-base': 'vit_base', 'b': 'vit_base',
                    'base': 'vit_base'}
 STEP_NAMES = ('reference_dino', 'dino_mode', 'mst')
+# --scaling: (batch, local crops) points, to show how each step grows with the work.
+SCALING_POINTS = ((4, 0), (4, 2), (4, 8), (8, 8), (16, 8))
 # The quiet-machine rule (module docstring): load per core before timing, spread of a step.
 QUIET_LOAD = 0.25
 QUIET_SPREAD = 0.10
@@ -126,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help='mixed precision on both sides of --reference-dino (DINO\'s '
                         'autocast + GradScaler, our AMP optimiser wrapper); default: on '
                         'with CUDA, off on the CPU')
+    parser.add_argument('--scaling', action='store_true',
+                        help='with --reference-dino: also time the three steps at batch 4, 8 '
+                        'and 16 (8 local crops) and at 0, 2 and 8 local crops (batch 4), to '
+                        'show how each grows with the work')
     parser.add_argument('--skip-memory', action='store_true',
                         help='skip the peak-memory probes (e)')
     parser.add_argument('--out', default='work_dirs/benchmark/benchmark.json',
@@ -169,12 +177,17 @@ def batch_sizes_for(models: List[str], options: List[str]) -> Dict[str, int]:
     return sizes
 
 
-def load_variants(config: str, decoder_channels: Optional[List[int]] = None
-                  ) -> Dict[str, Config]:
-    """The config's model as MST, and the DINO baseline (no mask, no decoder) from it."""
+def load_variants(config: str, decoder_channels: Optional[List[int]] = None,
+                  num_local_crops: Optional[int] = None) -> Dict[str, Config]:
+    """The config's model as MST, and the DINO baseline (no mask, no decoder) from it;
+    optionally with other decoder widths or another number of local crops."""
     mst = Config.fromfile(config_path(config))
     if decoder_channels:
         mst.model.decoder_head.channels = tuple(decoder_channels)
+    if num_local_crops is not None:
+        for step in mst.train_dataloader.dataset.pipeline:
+            if step['type'] == 'MultiCrop':
+                step['num_local_crops'] = num_local_crops
     dino = copy.deepcopy(mst)
     dino.merge_from_dict(dict(model=DINO_OVERRIDES))
     return dict(dino=dino, mst=mst)
@@ -514,9 +527,10 @@ def _spread(times: List[float]) -> dict:
 
 def compare_with_reference(config: str, dino_dir: str, batch_size: int, repeats: int,
                            warmup: int, device: str, amp: bool,
-                           decoder_channels: Optional[List[int]] = None) -> dict:
+                           decoder_channels: Optional[List[int]] = None,
+                           num_local_crops: Optional[int] = None) -> dict:
     """The three steps, interleaved on the same crops, with their ratios and spreads."""
-    variants = load_variants(config, decoder_channels)
+    variants = load_variants(config, decoder_channels, num_local_crops)
     ours = {name: build_for_training(variants[variant], device, amp=amp)
             for name, variant in (('dino_mode', 'dino'), ('mst', 'mst'))}
     reference = ReferenceDINOStep(dino_dir, variants['mst'], device, amp)
@@ -706,12 +720,15 @@ def quiet_verdict(load: Optional[float], results: dict) -> dict:
         reasons.append(f'the 1-minute load average was {load:.2f} per core before timing '
                        f'(at most {QUIET_LOAD} when nothing else runs)')
     for name, result in results['models'].items():
-        spreads = result.get('step_spread') or {}
-        for step, spread in spreads.items():
-            if spread['spread'] > QUIET_SPREAD:
-                reasons.append(f'{name} {step}: the repetitions spread over '
-                               f'{spread["spread"]:.0%} of the median (at most '
-                               f'{QUIET_SPREAD:.0%})')
+        points = [('', result)] + [
+            (f' (batch {p["batch_size"]}, {p["num_local_crops"]} local crops)', p)
+            for p in result.get('scaling', [])]
+        for where, point in points:
+            for step, spread in (point.get('step_spread') or {}).items():
+                if spread['spread'] > QUIET_SPREAD:
+                    reasons.append(f'{name} {step}{where}: the repetitions spread over '
+                                   f'{spread["spread"]:.0%} of the median (at most '
+                                   f'{QUIET_SPREAD:.0%})')
     return dict(quiet=not reasons, reasons=reasons, load_per_core_before=load)
 
 
@@ -785,6 +802,18 @@ def print_reference_table(results: dict) -> None:
                 ('MST / DINO mode', 'mst_over_dino_mode', 'mst_over_dino_mode')):
             low, high = ranges[range_key]
             print(f'{label}: {r[key]:.3f} (per repetition {low:.3f}-{high:.3f})')
+        if 'scaling' in r:
+            print('\nscaling: median seconds (min-max); speed against the reference')
+            print('| batch | local crops | reference | ours, DINO mode | ours, MST '
+                  '| DINO mode speed | MST speed | MST / DINO mode |')
+            print('|' + ' --- |' * 8)
+            for p in r['scaling']:
+                cells = ' | '.join(
+                    f'{p["step_spread"][s]["median"]:.3f} ({p["step_spread"][s]["min"]:.3f}-'
+                    f'{p["step_spread"][s]["max"]:.3f})' for s in STEP_NAMES)
+                print(f'| {p["batch_size"]} | {p["num_local_crops"]} | {cells} '
+                      f'| {p["dino_mode_speed_vs_reference"]:.3f} '
+                      f'| {p["mst_speed_vs_reference"]:.3f} | {p["mst_over_dino_mode"]:.3f} |')
         cpu = r['cpu_seconds']
         print('process CPU seconds (all threads), median: '
               + ', '.join(f'{step} {cpu[step]:.3f}' for step in STEP_NAMES)
@@ -852,6 +881,17 @@ def _run(args: argparse.Namespace, argv) -> dict:
                 key: peak_step_memory(config, variant, batch_sizes[name], args.device,
                                       args.decoder_channels, **probe_extra)
                 for key, variant in variants.items()}
+        if args.scaling and args.reference_dino:
+            print(f'[{name}] scaling with batch and local crops ...', flush=True)
+            result['scaling'] = [
+                dict(batch_size=batch, num_local_crops=crops, **{
+                    key: point[key] for key in (
+                        'step_spread', 'dino_mode_speed_vs_reference',
+                        'mst_speed_vs_reference', 'mst_over_dino_mode')})
+                for batch, crops in SCALING_POINTS
+                for point in [compare_with_reference(
+                    config, args.reference_dino, batch, args.repeats, args.warmup,
+                    args.device, amp, args.decoder_channels, crops)]]
         results['models'][name] = result
 
     if args.reference_dino:
