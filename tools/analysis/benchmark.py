@@ -883,15 +883,16 @@ def _run(args: argparse.Namespace, argv) -> dict:
                 for key, variant in variants.items()}
         if args.scaling and args.reference_dino:
             print(f'[{name}] scaling with batch and local crops ...', flush=True)
-            result['scaling'] = [
-                dict(batch_size=batch, num_local_crops=crops, **{
-                    key: point[key] for key in (
-                        'step_spread', 'dino_mode_speed_vs_reference',
-                        'mst_speed_vs_reference', 'mst_over_dino_mode')})
-                for batch, crops in SCALING_POINTS
-                for point in [compare_with_reference(
-                    config, args.reference_dino, batch, args.repeats, args.warmup,
-                    args.device, amp, args.decoder_channels, crops)]]
+            result['scaling'] = []
+            for batch, crops in SCALING_POINTS:
+                point = compare_with_reference(config, args.reference_dino, batch, args.repeats,
+                                               args.warmup, args.device, amp,
+                                               args.decoder_channels, crops)
+                result['scaling'].append(dict(
+                    batch_size=batch, num_local_crops=crops,
+                    **{key: point[key] for key in ('step_spread', 'dino_mode_speed_vs_reference',
+                                                   'mst_speed_vs_reference',
+                                                   'mst_over_dino_mode')}))
         results['models'][name] = result
 
     if args.reference_dino:
