@@ -1,21 +1,5 @@
-"""Object images and scenes rendered from real animal silhouettes (``animal-shape-mnist``).
-
-The package ships 10,000 grey 28 x 28 silhouettes of 10 animals, 1,000 each (MIT licence);
-they are read from its two gzip-pickled arrays, not through its loader (that one imports
-TensorFlow). A silhouette pasted onto a textured background is an object whose pixel mask
-is known, which is what the evidence run needs:
-
-- **object images** (one animal per canvas) for pretraining, k-NN and linear probes, in
-  mmpretrain's ``<split>/<class>/<name>.png`` folder layout, with the object masks beside
-  them for the guidance measurements;
-- **scenes** (1-4 animals per canvas, overlaps allowed) with COCO instance annotations
-  (exact RLE masks, tight boxes) and mmseg label maps (0 = background, 1-10 = the animals),
-  for Mask R-CNN and SETR.
-
-Every image has the same appearance statistics: a grey background of low-pass noise and a
-brighter object with fine noise. Nothing but the object's shape, position and size tells two
-images apart, so two views of one image cannot be matched by a per-image colour or level.
-"""
+"""Object images with known masks, and COCO/mmseg scenes, rendered from ``animal-shape-mnist``
+silhouettes. See docs/evidence.md (Data)."""
 import gzip
 import importlib.util
 import json
@@ -69,11 +53,8 @@ def load_silhouettes(package_dir: Optional[str] = None) -> Tuple[np.ndarray, np.
 
 def stratified_split(labels: np.ndarray, test_per_class: int = 200,
                      seed: int = 0) -> Tuple[np.ndarray, np.ndarray]:
-    """Sorted indices of (train, test), ``test_per_class`` of every class held out.
-
-    ``np.random.RandomState`` draws the same numbers on every machine and numpy version,
-    so the split is fixed by ``seed``.
-    """
+    """Sorted indices of (train, test), ``test_per_class`` of every class held out."""
+    # RandomState draws the same numbers on every machine and numpy version.
     rng = np.random.RandomState(seed)
     test: List[int] = []
     for c in np.unique(labels):
@@ -118,12 +99,8 @@ def background(rng: np.random.RandomState, height: int, width: int) -> np.ndarra
 
 def object_mask(silhouette: np.ndarray, rng: np.random.RandomState, canvas: int,
                 area_share: Tuple[float, float]) -> np.ndarray:
-    """The silhouette cropped to its box, flipped at random and scaled so that its pixel
-    count is a random share (within ``area_share``) of a ``canvas`` x ``canvas`` image.
-
-    Returns:
-        BoolTensor-like ndarray (h, w): the object's pixels, its box tight.
-    """
+    """The silhouette's (h, w) bool mask, box-tight, randomly flipped and scaled to cover a
+    random ``area_share`` of a ``canvas`` x ``canvas`` image."""
     alpha = silhouette.astype(np.float64) / 255.
     ys, xs = np.nonzero(alpha >= 0.5)
     if len(ys) == 0:
@@ -159,11 +136,7 @@ def render_object_image(silhouette: np.ndarray, rng: np.random.RandomState,
                         canvas: int = 32,
                         area_share: Tuple[float, float] = (0.15, 0.5)
                         ) -> Tuple[np.ndarray, np.ndarray]:
-    """One animal at a random position and size on a textured background.
-
-    Returns:
-        tuple: the (canvas, canvas, 3) uint8 image and the (canvas, canvas) bool object mask.
-    """
+    """One animal on a textured background: the (canvas, canvas, 3) uint8 image and bool mask."""
     image = background(rng, canvas, canvas)
     mask = object_mask(silhouette, rng, canvas, area_share)
     top = rng.randint(0, canvas - mask.shape[0] + 1)
@@ -175,15 +148,11 @@ def render_object_image(silhouette: np.ndarray, rng: np.random.RandomState,
 def render_scene(silhouettes: List[np.ndarray], rng: np.random.RandomState, size: int = 64,
                  area_share: Tuple[float, float] = (0.04, 0.12), min_visible: float = 0.75,
                  tries: int = 20) -> Tuple[np.ndarray, List[Optional[np.ndarray]]]:
-    """Several animals on one canvas, later ones in front, overlaps allowed.
-
-    Each animal is placed where every animal already painted keeps at least
-    ``min_visible`` of its pixels; an animal with no such place in ``tries`` draws is not
-    painted at all (None), so every painted pixel belongs to an annotated object.
+    """Several animals on one canvas, later ones in front, each keeping ``min_visible``.
 
     Returns:
-        tuple: the (size, size, 3) uint8 image and, per silhouette, its visible
-        (size, size) bool mask, or None where it was left out.
+        tuple: the (size, size, 3) uint8 image and, per silhouette, its visible bool mask,
+        or None where no place was found in ``tries`` draws (then it is not painted).
     """
     image = background(rng, size, size)
     visible: List[Optional[np.ndarray]] = []
@@ -228,11 +197,8 @@ def _stamp_matches(stamp: str, settings: dict) -> bool:
 
 def write_object_images(out: str, canvas: int = 32, test_per_class: int = 200,
                         seed: int = 0, package_dir: Optional[str] = None) -> dict:
-    """Write ``out/{train,test}/<class>/<index>.png`` and ``out/{train,test}_masks.npz``.
-
-    ``<index>`` is the silhouette's index in the package, so every file can be traced back.
-    The npz holds ``files`` (paths relative to ``out``, sorted) and ``masks`` (N, canvas,
-    canvas) bool. Idempotent: a folder written with the same settings is kept.
+    """Write ``out/{train,test}/<class>/<index>.png`` and ``out/{train,test}_masks.npz``
+    (sorted ``files`` and their bool ``masks``), unless written with the same settings.
 
     Returns:
         dict: the settings and the image counts (also in ``out/dataset.json``).
@@ -274,17 +240,9 @@ def load_object_masks(out: str, split: str = 'test') -> Dict[str, np.ndarray]:
 def write_scenes(out: str, train_scenes: int = 400, val_scenes: int = 100, size: int = 64,
                  max_objects: int = 4, test_per_class: int = 200, seed: int = 0,
                  package_dir: Optional[str] = None) -> dict:
-    """Write detection and segmentation scenes of 1-``max_objects`` animals.
-
-    Layout (mmdet's COCO and a plain mmseg folder)::
-
-        out/{train,val}/<id>.png                       the scenes
-        out/annotations/instances_{train,val}.json     COCO: bbox, RLE segmentation, area
-        out/labels/{train,val}/<id>.png                0 = background, 1-10 = CLASSES
-
-    Train scenes draw train-split silhouettes only, val scenes test-split ones, so no
-    silhouette is seen in both. Idempotent like :func:`write_object_images`.
-    """
+    """Write scenes of 1-``max_objects`` animals: ``out/{train,val}/<id>.png``, COCO
+    ``out/annotations/instances_{train,val}.json`` and mmseg ``out/labels/{train,val}/``
+    (0 = background). Val scenes use test-split silhouettes only; idempotent."""
     from pycocotools import mask as mask_utils
 
     settings = dict(version=RENDER_VERSION, train_scenes=train_scenes, val_scenes=val_scenes,

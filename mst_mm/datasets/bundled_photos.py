@@ -1,12 +1,5 @@
-"""Real photos at full resolution, for checking the full-size configs without a download.
-
-The scikit-image wheel carries a dozen photographs (an astronaut, a cat, a cup of coffee, a
-rocket, a retina, microscope slides, the moon, the Hubble deep field, ...). Random square
-crops of them, resized to ``size`` px, make an unlabelled folder that the real DeiT-S and
-Swin-T configs read through ``PretrainImageFolder`` (flat layout). It is a sanity-check set:
-enough images that a few hundred iterations stay inside the first epoch, as at the start of
-an ImageNet run, but far too few distinct scenes to learn features from.
-"""
+"""Random crops of scikit-image's bundled photographs: a flat folder for sanity-checking the
+full-size configs without a download (too few scenes to learn features from)."""
 import json
 import os
 import os.path as osp
@@ -23,13 +16,13 @@ def write_photo_crops(out: str, num_images: int = 2048, size: int = 256,
     """Write ``num_images`` random crops of the bundled photos to ``out/<i>.jpg`` once.
 
     Args:
-        out: Folder to write; an existing folder written with the same arguments is kept.
-        num_images: How many crops to write, drawn round-robin from :data:`PHOTOS`.
-        size: Side of the square JPEGs, in pixels.
-        seed: Seed of the crop positions and sizes.
+        out (str): Folder to write; one written with the same arguments is kept.
+        num_images (int): Crops to write, drawn round-robin from :data:`PHOTOS`.
+        size (int): Side of the square JPEGs, in pixels.
+        seed (int): Seed of the crop positions and sizes.
 
     Returns:
-        The summary also stored in ``out/photos.json``.
+        dict: The summary also stored in ``out/photos.json``.
     """
     from PIL import Image
     from skimage import data

@@ -28,22 +28,12 @@ OWN_DATA_HINT = ("For a folder of your own images (flat, with class sub-folders,
 
 @TRANSFORMS.register_module()
 class LoadImageOrSkip(LoadImageFromFile):
-    """mmcv's ``LoadImageFromFile`` that turns an unreadable, corrupt or truncated image into
-    a warning naming the file and the true reason, and a ``None`` sample, which mmengine's
-    dataset replaces by another one. :class:`CheckedImageDataset` counts these against its
-    budget.
-
-    The format is read from the file's content, not its name: a JPEG named ``.png`` is
-    checked and decoded as the JPEG it is (with one warning per loader process that some
-    extensions are misleading), and an empty file, a text file or a truncated image is
-    reported as such (see :mod:`mst_mm.datasets.image_format`).
-
-    Grayscale, RGBA, CMYK and 16-bit images decode to 3-channel 8-bit BGR (``color_type``
-    'color', the default), so they train like any other.
+    """mmcv's ``LoadImageFromFile`` that turns an unusable image into a warning with the
+    true reason and a ``None`` sample, which the dataset replaces. The format is judged
+    from the content, not the extension. See docs/reliability.md.
 
     Args:
-        *args: ``LoadImageFromFile``'s arguments.
-        **kwargs: The same.
+        *args, **kwargs: ``LoadImageFromFile``'s arguments.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -51,15 +41,7 @@ class LoadImageOrSkip(LoadImageFromFile):
         self._warned_extension = False
 
     def transform(self, results: dict) -> Optional[dict]:
-        """Load ``results['img_path']``, or warn and return None.
-
-        Args:
-            results (dict): Holds ``img_path``.
-
-        Returns:
-            dict | None: ``results`` with ``img``, ``img_shape`` and ``ori_shape``; None
-            for a file that cannot be used.
-        """
+        """Load ``results['img_path']``, or warn and return None."""
         filename = results['img_path']
         try:
             problem = self._not_a_file(filename)
@@ -81,8 +63,7 @@ class LoadImageOrSkip(LoadImageFromFile):
         return results
 
     def _not_a_file(self, filename: str) -> Optional[str]:
-        # A FIFO would block the reader forever and a folder raises a vague error; only
-        # plain local paths can be asked (a backend may map the path elsewhere).
+        # A FIFO would block the reader; a backend may map the path elsewhere: local only.
         if self.backend_args is not None or '://' in filename:
             return None
         return why_not_a_file(filename)
@@ -109,16 +90,7 @@ class LoadImageOrSkip(LoadImageFromFile):
 
 class _CheckedInputs:
     """Start-up checks and a broken-image budget for mmpretrain's ``CustomDataset`` family.
-
-    - A missing or empty ``data_root``, and an annotation file that names missing images,
-      stop the run at start-up with a message naming the path.
-    - A folder is listed without following symlink loops; entries that cannot be images
-      (dangling links, loops, FIFOs, folders named like images, other extensions) are
-      left out with one warning that counts them by reason (see
-      :func:`~mst_mm.datasets.folder_scan.scan_image_folder`).
-    - A sample whose image cannot be decoded (see :class:`LoadImageOrSkip`) is replaced by
-      another one, with a warning naming the file; past ``max_corrupt_images`` distinct
-      broken files (in one loader process) the run stops with an error listing what to fix.
+    See docs/reliability.md (What happens with broken data).
 
     Args:
         max_corrupt_images (int): Broken images tolerated per loader process.
@@ -172,12 +144,7 @@ class _CheckedInputs:
         return data_list
 
     def _find_samples(self) -> list:
-        """mmpretrain's folder listing, made safe against symlink loops and odd entries.
-
-        Returns:
-            list: ``(path, class_index)`` pairs with labels, else paths; relative to the
-            image folder, in mmpretrain's order.
-        """
+        """mmpretrain's folder listing, made safe against symlink loops and odd entries."""
         root = self.img_prefix
         if '://' in root:  # a remote backend: mmpretrain lists it
             return super()._find_samples()
@@ -225,10 +192,8 @@ class _CheckedInputs:
 
 @DATASETS.register_module()
 class CheckedImageDataset(_CheckedInputs, CustomDataset):
-    """mmpretrain's ``CustomDataset`` (a folder of class sub-folders, or an annotation
-    file), checked at start-up and tolerant of a few broken images (see ``_CheckedInputs``
-    for the rules and the two extra arguments, ``max_corrupt_images`` and ``check_files``).
-    """
+    """mmpretrain's ``CustomDataset``, checked at start-up and tolerant of a few broken
+    images; extra arguments ``max_corrupt_images`` and ``check_files`` (``_CheckedInputs``)."""
 
     EXPECTED_LAYOUT = ('<data_root>/<class>/<image> (one sub-folder per class; with '
                        'with_label=False, every image under data_root), or an ann_file of '

@@ -1,12 +1,6 @@
-"""List the images of a folder dataset without crashing on odd entries, and say what was left out.
+"""mmpretrain's folder listing without its crash on symlink loops, recording what is left out.
 
-mmengine's ``LocalBackend.list_dir_or_file``, which mmpretrain's ``CustomDataset`` walks the
-folder with, follows symlinked folders without remembering where it has been (a link to
-a parent folder recurses until the OS raises ``OSError: Too many levels of symbolic
-links``), lets a self-referencing link raise the same error, and silently drops dangling
-links, FIFOs and the like. :func:`scan_image_folder` lists exactly the same images in the
-same order for a healthy folder, and for everything else records the entry and the reason.
-"""
+mmengine's ``list_dir_or_file`` recurses through a link to a parent folder until ``ELOOP``."""
 import errno
 import os
 import os.path as osp
@@ -75,11 +69,8 @@ def _os_reason(error: OSError) -> str:
 
 
 def _classify(entry: os.DirEntry) -> Tuple[str, Optional[str]]:
-    """``('dir' | 'file' | 'skip', reason)`` for one entry; links are followed.
-
-    ``DirEntry.is_dir``/``is_file`` answer from the directory listing for plain entries,
-    so a healthy folder costs no extra system call per image.
-    """
+    """``('dir' | 'file' | 'skip', reason)`` for one entry; links are followed."""
+    # DirEntry.is_dir/is_file answer from the listing: no extra system call per image.
     try:
         if entry.is_dir():
             return 'dir', None
@@ -95,15 +86,8 @@ def _classify(entry: os.DirEntry) -> Tuple[str, Optional[str]]:
 
 
 def why_not_a_file(path: str) -> Optional[str]:
-    """Why ``path`` is not a readable regular file (links followed), or None if it is one.
-
-    Args:
-        path (str): A local path.
-
-    Returns:
-        str | None: e.g. ``'does not exist'``, ``'dangling symlink (...)'``,
-        ``'symlink loop'``, ``'a folder'``, ``'not a regular file (FIFO)'``.
-    """
+    """Why local ``path`` is not a regular file (links followed), e.g. ``'symlink loop'``;
+    None if it is one."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -123,9 +107,7 @@ def _dir_key(path: str) -> Tuple[int, int]:
 def _walk_files(folder: str, rel: str, ancestors: Set[Tuple[int, int]],
                 is_valid_file: Callable[[str], bool], root_rel: str, found: List[str],
                 ignored: IgnoredEntries) -> None:
-    """Append to ``found`` the valid files under ``folder``, recursively, as paths
-    relative to the listing's start (``rel`` is ``folder``'s); ``root_rel`` prefixes the
-    paths reported to ``ignored``."""
+    """Recursively append ``folder``'s valid files to ``found``; ``root_rel`` prefixes reports."""
     try:
         entries = list(os.scandir(folder))
     except OSError as error:
@@ -163,12 +145,8 @@ def _walk_files(folder: str, rel: str, ancestors: Set[Tuple[int, int]],
 def scan_image_folder(
         root: str, is_valid_file: Callable[[str], bool], with_label: bool = True
 ) -> Tuple[List[str], List[Tuple[str, int]], Set[str], IgnoredEntries]:
-    """mmpretrain's ``find_folders`` + ``get_samples``, safe against symlink loops and
-    unusual entries, with a record of every entry left out.
-
-    For a folder without such entries the classes, samples and their order are
-    mmpretrain's: classes are the sorted sub-folders of ``root``; each class's files are
-    found recursively, sorted by path, and kept when ``is_valid_file`` accepts them.
+    """mmpretrain's ``find_folders`` + ``get_samples`` (same result and order on a healthy
+    folder), safe against symlink loops, with a record of every entry left out.
 
     Args:
         root (str): The image folder.
@@ -177,10 +155,8 @@ def scan_image_folder(
         with_label (bool): Sub-folders are classes (True) or just folders (False).
 
     Returns:
-        tuple: ``classes`` (sorted class-folder names; empty without labels), ``samples``
-        (``(path, class_index)`` with labels, else ``(path, -1)``; paths relative to
-        ``root``), ``empty_classes`` (class folders with no valid file) and the
-        :class:`IgnoredEntries`.
+        tuple: ``classes`` (empty without labels), ``samples`` (``(path, class_index)``,
+        index -1 without labels), ``empty_classes`` and the :class:`IgnoredEntries`.
     """
     ignored = IgnoredEntries(root)
     root_key = _dir_key(root)

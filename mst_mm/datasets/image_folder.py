@@ -1,13 +1,5 @@
 """A pretraining dataset for any folder of images: flat, with class sub-folders, or ImageNet's.
-
-Self-supervised pretraining needs no labels, so the dataset the pretraining configs use
-should take whatever folder a user has. mmpretrain's ``CustomDataset`` covers two of the
-layouts, each with its own arguments (``with_label=False`` for a flat folder, ``data_prefix``
-and ``ann_file`` for ImageNet's), and ``ImageNet`` insists on the 1000 ImageNet classes.
-:class:`PretrainImageFolder` finds the layout from ``data_root`` alone (``data_layout='auto'``)
-and then *is* a ``CustomDataset`` with those arguments filled in, with the start-up checks
-and broken-image budget of :class:`~mst_mm.datasets.CheckedImageDataset`.
-"""
+See docs/own_data.md."""
 import inspect
 import os
 import os.path as osp
@@ -55,19 +47,8 @@ def _top_level(folder: str, extensions: tuple) -> tuple:
 
 def detect_layout(data_root: str, split: str = 'train',
                   extensions: tuple = IMAGE_EXTENSIONS) -> str:
-    """The layout of a local image folder, by these rules, in order:
-
-    1. ``<data_root>/<split>/`` is a folder: ``'imagenet'``.
-    2. ``data_root`` holds image files itself: ``'flat'`` (sub-folders are searched too).
-    3. ``data_root`` holds only sub-folders: ``'class_folders'``.
-
-    Args:
-        data_root (str): The folder.
-        split (str): The split folder name of ImageNet's layout. Defaults to 'train'.
-        extensions (tuple): Image file extensions (lower case, with the dot).
-
-    Returns:
-        str: ``'imagenet'``, ``'flat'`` or ``'class_folders'``.
+    """The layout of a local image folder: ``'imagenet'`` if ``<data_root>/<split>/`` is a
+    folder, else ``'flat'`` if it holds images, else ``'class_folders'`` (docs/own_data.md).
 
     Raises:
         RuntimeError: ``data_root`` holds neither images nor sub-folders.
@@ -87,31 +68,16 @@ def detect_layout(data_root: str, split: str = 'train',
 
 @DATASETS.register_module()
 class PretrainImageFolder(_CheckedInputs, CustomDataset):
-    """Every image of a folder, in any of three layouts, for pretraining.
-
-    ``data_layout`` (default ``'auto'``, found by :func:`detect_layout`):
-
-    - ``'flat'``: every image under ``data_root``, at any depth; no labels.
-    - ``'class_folders'``: ``<data_root>/<class>/**/<image>``; labels are the sorted
-      sub-folder names, as in mmpretrain's ``CustomDataset``. Any number of classes.
-    - ``'imagenet'``: ``<data_root>/<split>/`` holds the images; if
-      ``<data_root>/meta/<split>.txt`` exists it lists them (``<path> <label>`` lines, paths
-      relative to the split folder), otherwise the split folder is read as class sub-folders
-      (or, if it holds images itself, as a flat folder).
-
-    Labels, where the layout has them, ride along in the samples (MST ignores them). The
-    start-up checks and broken-image budget are :class:`CheckedImageDataset`'s.
+    """Every image of a folder, flat, in class folders or in ImageNet's layout, for
+    pretraining: a ``CustomDataset`` whose layout arguments follow from ``data_root``, with
+    :class:`CheckedImageDataset`'s checks. See docs/own_data.md.
 
     Args:
         data_root (str): The image folder.
-        data_layout (str): ``'auto'``, ``'flat'``, ``'class_folders'`` or ``'imagenet'``.
-            Defaults to 'auto'.
-        split (str): The split folder and annotation file name of the ImageNet layout.
-            Defaults to 'train'.
-        **kwargs: ``CustomDataset``'s other arguments (``pipeline``, ``extensions``, ...)
-            and ``max_corrupt_images`` / ``check_files``. ``data_prefix``, ``ann_file`` and
-            ``with_label`` follow from the layout; pass them to ``CheckedImageDataset``
-            instead.
+        data_layout (str): ``'auto'`` (:func:`detect_layout`), ``'flat'``,
+            ``'class_folders'`` or ``'imagenet'``. Defaults to 'auto'.
+        split (str): Split folder and annotation file of the ImageNet layout. Defaults to 'train'.
+        **kwargs: ``CustomDataset``'s other arguments, ``max_corrupt_images``, ``check_files``.
     """
 
     EXPECTED_LAYOUT = ('one of these layouts (found from data_root with '

@@ -1,11 +1,5 @@
-"""What an image file really holds, judged from its bytes rather than its name.
-
-A file's extension is only a claim: photos exported as ``.png`` that are JPEGs, PNGs
-renamed ``.jpg``, empty files left by an interrupted copy and HTML error pages saved by a
-failed download all occur in scraped data. The loader asks these helpers for the format
-(magic bytes), for a completeness check of that format, and for a true reason when an image
-cannot be used.
-"""
+"""What an image file really holds (format, completeness, why it is unusable), judged from
+its bytes: scraped data has JPEGs named ``.png``, empty files and saved HTML error pages."""
 import os.path as osp
 import struct
 from typing import Optional
@@ -55,45 +49,20 @@ _PNG_IEND, _PNG_IDAT = b'IEND', b'IDAT'
 
 
 def sniff_image_format(data: bytes) -> Optional[str]:
-    """The image format that the file's first bytes announce, or None.
-
-    Args:
-        data (bytes): The file's content (its first 32 bytes suffice).
-
-    Returns:
-        str | None: e.g. ``'JPEG'``, ``'PNG'``; None for anything unrecognised.
-    """
+    """The image format (e.g. ``'JPEG'``) that the first 32 bytes announce, or None."""
     head = data[:32]
     return next((name for name, test in _SIGNATURES if test(head)), None)
 
 
 def format_from_extension(filename: str) -> Optional[str]:
-    """The image format that a file name's extension claims, or None if it claims none.
-
-    Args:
-        filename (str): A path or file name.
-
-    Returns:
-        str | None: A format name as :func:`sniff_image_format` gives it.
-    """
+    """The image format that a file name's extension claims, or None if it claims none."""
     return _EXTENSION_FORMATS.get(osp.splitext(filename)[1].lower())
 
 
 def image_problem(img_bytes: bytes, filename: str = '') -> Optional[str]:
-    """Why these bytes cannot be a whole image, judged before decoding; or None.
-
-    The format comes from the content, never from ``filename``: a JPEG named ``.png`` is
-    checked as the JPEG it is. OpenCV decodes a truncated JPEG without an error (the missing
-    rows come out grey), so truncation is caught from the format's end marker before
-    decoding. None means "try the decoder", not "valid": see :func:`undecodable_reason`.
-
-    Args:
-        img_bytes (bytes): The file's content.
-        filename (str): Unused; kept for callers that pass the path.
-
-    Returns:
-        str | None: e.g. ``'empty file'``, ``'truncated JPEG (no EOI marker)'``.
-    """
+    """Why these bytes cannot be a whole image (e.g. ``'empty file'``), judged before
+    decoding, or None ("try the decoder", not "valid"). ``filename`` is unused."""
+    # OpenCV decodes a truncated JPEG without an error, so check the end marker first.
     if not img_bytes:
         return 'empty file'
     fmt = sniff_image_format(img_bytes)
@@ -109,15 +78,7 @@ def image_problem(img_bytes: bytes, filename: str = '') -> Optional[str]:
 
 
 def undecodable_reason(img_bytes: bytes) -> str:
-    """Why the decoder returned nothing for these bytes, as precisely as the content tells.
-
-    Args:
-        img_bytes (bytes): The file's content.
-
-    Returns:
-        str: e.g. ``'not an image (text)'``, ``'corrupt PNG (the decoder could not read
-        it)'``, ``'HEIC image, which OpenCV cannot decode: convert it to JPEG or PNG'``.
-    """
+    """Why the decoder returned nothing for these bytes, e.g. ``'not an image (text)'``."""
     if not img_bytes:
         return 'empty file'
     fmt = sniff_image_format(img_bytes)
@@ -141,9 +102,7 @@ def undecodable_reason(img_bytes: bytes) -> str:
 
 
 def _jpeg_is_complete(data: bytes) -> bool:
-    # The EOI marker ends the file (up to a little padding), or follows the last scan
-    # (SOS): the latter accepts the trailers some cameras append after EOI, and an EXIF
-    # thumbnail's own EOI, which precedes the main image's scans, does not count.
+    # EOI after the last scan accepts camera trailers but not an EXIF thumbnail's own EOI.
     tail = data[-64:].rstrip(b'\x00\r\n ')
     return _JPEG_EOI in tail or data.rfind(_JPEG_EOI) > data.rfind(_JPEG_SOS)
 

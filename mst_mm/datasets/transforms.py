@@ -13,16 +13,9 @@ from PIL import Image, ImageEnhance
 
 @TRANSFORMS.register_module()
 class FusedColorJitter(ColorJitter):
-    """mmpretrain's ``ColorJitter``, bit for bit, with one PIL round trip instead of four.
-
-    With the pillow backend every mmcv photometric op copies the BGR array into a PIL RGB
-    image and back (``adjust_brightness``, ``adjust_contrast``, ``adjust_color`` and
-    ``adjust_hue`` each do), and multi-crop runs the jitter on ten views per image. This
-    subclass draws the same random parameters (``_rand_params``) and applies the same PIL
-    operations in the same order to one PIL image. ``tools/analysis/benchmark.py`` measures
-    the speed-up; ``tests/test_transforms.py`` checks the outputs are identical.
-    Other backends and non-RGB inputs fall back to the parent.
-    """
+    """mmpretrain's ``ColorJitter``, bit for bit, with one PIL round trip instead of four
+    (mmcv's pillow ops each convert to PIL and back). Other backends and non-RGB inputs fall
+    back to the parent. See docs/benchmarks.md."""
 
     def transform(self, results: dict) -> dict:
         img = results['img']
@@ -46,13 +39,8 @@ class FusedColorJitter(ColorJitter):
 
 @TRANSFORMS.register_module()
 class ContiguousRandomResizedCrop(RandomResizedCrop):
-    """mmpretrain's ``RandomResizedCrop``, bit for bit, without its slow copy.
-
-    The parent hands the crop, a strided view of the image, to ``mmcv.imresize``. With the
-    pillow backend, ``PIL.Image.fromarray`` then copies it through ``ndarray.tobytes``, which
-    is far slower on a strided view than ``np.ascontiguousarray``; multi-crop pays it for ten
-    views per image (``tools/analysis/benchmark.py`` measures the pipeline).
-    """
+    """mmpretrain's ``RandomResizedCrop``, bit for bit, without PIL's slow copy of a strided
+    crop view. See docs/benchmarks.md."""
 
     def transform(self, results: dict) -> dict:
         img = results['img']
@@ -93,13 +81,8 @@ def _blur(prob: float, radius: Tuple[float, float]) -> dict:
 
 @TRANSFORMS.register_module()
 class MultiCrop(BaseTransform):
-    """Two global views and ``num_local_crops`` local views of one decoded image.
-
-    The views follow BYOL's asymmetric recipe (paper appendix "Data augmentation"): flip,
-    colour jitter (p=0.8), grayscale (p=0.2) everywhere; blur with p=1.0 on the first global
-    view, p=0.1 plus solarisation (p=0.2) on the second, p=0.5 on local views. It expands to
-    mmpretrain's ``MultiView`` of ``RandomResizedCrop``, ``ColorJitter``, ``GaussianBlur``,
-    ``Solarize``, ...; every random parameter is drawn per view and per sample.
+    """Two global views and ``num_local_crops`` local views of one decoded image, with
+    BYOL's asymmetric augmentations (docs/method.md), as mmpretrain's ``MultiView``.
 
     Args:
         global_size (int): Global crop size. Defaults to 224.
@@ -109,13 +92,10 @@ class MultiCrop(BaseTransform):
         local_scale (tuple): Area range of local crops. Defaults to (0.05, 0.4).
         interpolation (str): Resize interpolation. Defaults to 'bicubic'.
         backend (str): Resize backend. Defaults to 'pillow'.
-        blur_radius (tuple): Range of the Gaussian blur's radius in pixels of the crop.
-            Defaults to DINO's (0.1, 2.0), for 224-px crops: scale it with the crop size
-            for small images, or the blur erases the object's shape.
-        fast_transforms (bool): Use :class:`ContiguousRandomResizedCrop` and
-            :class:`FusedColorJitter`, which give the same images as mmpretrain's
-            ``RandomResizedCrop`` and ``ColorJitter``, faster. False composes mmpretrain's
-            own (the benchmark's reference). Defaults to True.
+        blur_radius (tuple): Blur radius range in crop pixels; DINO's (0.1, 2.0) suits
+            224-px crops, scale it down for small ones. Defaults to (0.1, 2.0).
+        fast_transforms (bool): Use the bit-identical faster crop and jitter above.
+            Defaults to True.
     """
 
     def __init__(self,

@@ -1,16 +1,24 @@
-"""Backbone-only weights from an MST training checkpoint: mmpretrain names or timm names.
+"""The backbone of an MST training checkpoint, for other code bases.
 
-DINO ships its pretrained ViTs as backbone-only state dicts with timm's parameter names, and
-mmselfsup's converters wrote backbone-only checkpoints with mmpretrain's names. These
-functions give both from an MST checkpoint (the EMA teacher by default, as DINO evaluates),
-for ``tools/model_converters/mst2downstream.py`` and its tests.
+mmpretrain or timm names (as DINO ships its ViTs), or the backbone checkpoint of an mmdet or
+mmseg config. mmdet and mmseg load backbones with ``strict=False`` and say nothing about
+unmatched keys, so every converted key is checked against the backbone the config builds.
+The core of ``tools/model_converters/mst2downstream.py``, shared with
+:func:`mst_mm.evaluation.transfer.finetune` and the tests.
 """
+import copy
+import math
+import os
+import os.path as osp
 import re
-from typing import Dict, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
+from mmengine.config import Config
+from mmengine.registry import DefaultScope
 
 from .errors import UserInputError
+from .safe_loading import load_local_checkpoint
 
 SOURCE_PREFIXES = {'teacher': 'teacher.module.0.', 'student': 'backbone.'}
 # Parameters that only pretraining uses: the [MASK] token of the student.
@@ -38,19 +46,8 @@ class ConversionError(UserInputError, ValueError):
 
 def extract_backbone(state_dict: Dict[str, torch.Tensor], weights: str = 'teacher',
                      source: str = 'the checkpoint') -> Dict[str, torch.Tensor]:
-    """The backbone tensors of the teacher or the student, without pretraining-only keys.
-
-    Args:
-        state_dict (dict): An MST training checkpoint's ``state_dict``.
-        weights (str): ``'teacher'`` (the EMA teacher) or ``'student'``.
-        source (str): The checkpoint's name, for error messages.
-
-    Returns:
-        dict: mmpretrain names (``cls_token``, ``layers.0.attn.qkv.weight``, ...).
-
-    Raises:
-        ConversionError: ``state_dict`` has no MST teacher, or ``weights`` is unknown.
-    """
+    """The ``'teacher'`` (EMA) or ``'student'`` backbone of an MST ``state_dict``, with
+    mmpretrain names and without pretraining-only keys; ``source`` names it in errors."""
     if weights not in SOURCE_PREFIXES:
         raise ConversionError(f'weights must be one of {sorted(SOURCE_PREFIXES)}, '
                               f'got {weights!r}.')
@@ -66,17 +63,7 @@ def extract_backbone(state_dict: Dict[str, torch.Tensor], weights: str = 'teache
 
 
 def backbone_kind(backbone: Dict[str, torch.Tensor]) -> str:
-    """``'vit'`` or ``'swin'``, from the names of the backbone's tensors.
-
-    Args:
-        backbone (dict): mmpretrain names, as :func:`extract_backbone` returns.
-
-    Returns:
-        str: The kind.
-
-    Raises:
-        ConversionError: neither an MST ViT nor an MST Swin.
-    """
+    """``'vit'`` or ``'swin'``, from the names of the backbone's tensors."""
     if 'patch_embed.projection.weight' in backbone and 'layers.0.attn.qkv.weight' in backbone:
         return 'vit'
     if 'stages.0.blocks.0.attn.w_msa.qkv.weight' in backbone:
@@ -87,21 +74,11 @@ def backbone_kind(backbone: Dict[str, torch.Tensor]) -> str:
 
 
 def vit_to_timm(backbone: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """Rename an mmpretrain ViT's tensors to timm's ``VisionTransformer`` names.
+    """An mmpretrain ViT's tensors (shared, not copied) under timm's names.
 
-    The result loads with ``strict=True`` into ``timm.create_model('vit_small_patch16_224',
-    num_classes=0)`` for a DeiT-S backbone (into the timm ViT of the same size otherwise),
-    as DINO's released backbone weights do. The tensors are shared, not copied.
-
-    Args:
-        backbone (dict): mmpretrain names, as :func:`extract_backbone` returns.
-
-    Returns:
-        dict: timm names (``blocks.0.attn.qkv.weight``, ``norm.weight``, ...).
-
-    Raises:
-        ConversionError: a tensor has no timm counterpart (a layer scale, a pre-norm, no
-            class token), named in the message.
+    Loads with ``strict=True`` into ``timm.create_model('vit_small_patch16_224',
+    num_classes=0)`` for DeiT-S, as DINO's released backbones do; a tensor without a timm
+    counterpart (a layer scale, no class token) is refused by name.
     """
     renamed, unknown = {}, []
     for key, value in backbone.items():
@@ -120,3 +97,171 @@ def vit_to_timm(backbone: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
             'covers ViTs with a class token, a final norm and no layer scale (DeiT-S: '
             "vit_small_patch16_224); use --target mmpretrain for the others.")
     return renamed
+
+
+DOWNSTREAM_TARGETS = {
+    'mmdet': dict(
+        backbone='swin', framework="mmdet's SwinTransformer",
+        # mmdet's Swin keeps only the keys that start with 'backbone.' (and strips it).
+        key_prefix='backbone.'),
+    'mmseg': dict(
+        backbone='vit', framework="mmseg's VisionTransformer",
+        # mmseg's ViT does not strip prefixes: its keys must be bare.
+        key_prefix=''),
+}
+# mmpretrain's attention is a fused qkv Linear and a proj Linear; mmseg's is mmcv's
+# MultiheadAttention around nn.MultiheadAttention, whose in_proj stacks q, k, v in the
+# same order, so only the names change.
+VIT_TO_MMSEG = ((re.compile(r'^(layers\.\d+\.attn)\.qkv\.(weight|bias)$'), r'\1.attn.in_proj_\2'),
+                (re.compile(r'^(layers\.\d+\.attn)\.proj\.(weight|bias)$'), r'\1.attn.out_proj.\2'))
+# mmdet's FPN reads every Swin stage through its own norm{i}. MST reads only the last stage,
+# so the checkpoint has the last norm alone; the others start as mmdet initialises them.
+SWIN_STAGE_NORM = re.compile(r'^norm(\d+)\.(weight|bias)$')
+
+
+def load_training_checkpoint(checkpoint: str, out: str) -> dict:
+    """An MST training checkpoint, refused when it is ``out`` or holds no ``state_dict``."""
+    if osp.abspath(out) == osp.abspath(checkpoint):
+        raise ConversionError(f'OUT is the input checkpoint {checkpoint}: choose another path, '
+                              'the converted file holds only the backbone.')
+    loaded = load_local_checkpoint(checkpoint, map_location='cpu')
+    if not isinstance(loaded, dict) or 'state_dict' not in loaded:
+        raise ConversionError(f'{checkpoint} is not an MST training checkpoint: expected a dict '
+                              "with a 'state_dict' entry, as mmengine saves.")
+    return loaded
+
+
+def rename_for_target(backbone: Dict[str, torch.Tensor], target: str) -> Dict[str, torch.Tensor]:
+    """mmpretrain names -> the target framework's names (mmdet's Swin shares them)."""
+    if target == 'mmdet':
+        return dict(backbone)  # mmpretrain's and mmdet's Swin share names and layouts
+    renamed = {}
+    for key, value in backbone.items():
+        for pattern, replacement in VIT_TO_MMSEG:
+            key = pattern.sub(replacement, key)
+        renamed[key] = value
+    return renamed
+
+
+def build_target_backbone(config: Config, target: str) -> torch.nn.Module:
+    """The backbone the downstream config (or its path) builds, without pretrained weights."""
+    cfg = Config.fromfile(config) if isinstance(config, str) else config
+    backbone_cfg = copy.deepcopy(cfg.model.backbone)
+    backbone_cfg.pop('init_cfg', None)
+    if target == 'mmdet':
+        import mmdet.models  # noqa: F401  (registers the backbones)
+        from mmdet.registry import MODELS
+    else:
+        import mmseg.models  # noqa: F401
+        from mmseg.registry import MODELS
+    with DefaultScope.overwrite_default_scope(target):
+        return MODELS.build(backbone_cfg)
+
+
+def resize_pos_embed(pos_embed: torch.Tensor, target_shape: torch.Size,
+                     mode: str) -> torch.Tensor:
+    """Resize a (1, 1 + h * w, C) embedding with a CLS token to ``target_shape``."""
+    from mmpretrain.models.utils import resize_pos_embed as resize
+    src = int(math.isqrt(pos_embed.shape[1] - 1))
+    dst = int(math.isqrt(target_shape[1] - 1))
+    if src * src + 1 != pos_embed.shape[1] or dst * dst + 1 != target_shape[1]:
+        raise ConversionError(f'Cannot resize pos_embed {tuple(pos_embed.shape)} to '
+                              f'{tuple(target_shape)}: only square patch grids are supported.')
+    return resize(pos_embed, (src, src), (dst, dst), mode=mode, num_extra_tokens=1)
+
+
+def match_target(converted: Dict[str, torch.Tensor], target_model: torch.nn.Module,
+                 target: str) -> Tuple[Dict[str, torch.Tensor], List[str]]:
+    """``converted`` made to match the target's keys exactly, and notes on what was adapted
+    (a resized position embedding, Swin stage norms that MST never trained); or an error
+    naming what differs."""
+    expected = target_model.state_dict()
+    converted, notes = dict(converted), []
+    if 'pos_embed' in converted and converted['pos_embed'].shape != expected['pos_embed'].shape:
+        old = tuple(converted['pos_embed'].shape)
+        mode = getattr(target_model, 'interpolate_mode', 'bicubic')
+        converted['pos_embed'] = resize_pos_embed(converted['pos_embed'],
+                                                  expected['pos_embed'].shape, mode)
+        notes.append(f'resized pos_embed {old} -> {tuple(expected["pos_embed"].shape)} '
+                     f'({mode}) for the downstream input size')
+    if target == 'mmdet':
+        trained = [int(m[1]) for m in map(SWIN_STAGE_NORM.match, converted) if m]
+        last = max(trained, default=-1)
+        fresh = sorted(k for k in expected if k not in converted
+                       and (m := SWIN_STAGE_NORM.match(k)) and int(m[1]) < last)
+        for key in fresh:
+            converted[key] = expected[key].clone()
+        if fresh:
+            notes.append(f'added {", ".join(fresh)} as mmdet initialises them: the FPN reads '
+                         'the earlier stages through these norms, which MST pretraining '
+                         'never uses')
+
+    missing = sorted(set(expected) - set(converted))
+    unexpected = sorted(set(converted) - set(expected))
+    mismatched = sorted(f'{k}: {tuple(converted[k].shape)} vs {tuple(expected[k].shape)}'
+                        for k in set(expected) & set(converted)
+                        if converted[k].shape != expected[k].shape)
+    if missing or unexpected or mismatched:
+        def show(keys):
+            return ', '.join(keys[:8]) + (f' ... ({len(keys)} in all)' if len(keys) > 8 else '')
+        raise ConversionError(
+            f'The checkpoint does not match the backbone of the {target} config: '
+            f'missing {show(missing) or "none"}; unexpected {show(unexpected) or "none"}; '
+            f'shape mismatches {show(mismatched) or "none"}. The pretrained architecture '
+            'differs from the downstream one: pass --config with a downstream config whose '
+            'backbone has the same size as the pretrained one.')
+    return converted, notes
+
+
+def convert_for_downstream(checkpoint: str, out: str, target: str, config,
+                           weights: str = 'teacher',
+                           log: Optional[Callable[[str], None]] = print
+                           ) -> Dict[str, torch.Tensor]:
+    """Convert an MST training checkpoint for the backbone of ``config`` and write ``out``.
+
+    Args:
+        checkpoint (str): An MST training checkpoint, read weights-only.
+        out (str): Where to write ``dict(state_dict=..., meta=...)``, keys prefixed as the
+            target's backbone loads them (``backbone.`` for mmdet, none for mmseg).
+        target (str): ``'mmdet'`` (a Swin) or ``'mmseg'`` (a ViT).
+        config (Config | str): The downstream config whose backbone the keys must match.
+        weights (str): ``'teacher'`` (the EMA teacher) or ``'student'``.
+        log (callable, optional): Receives what was done (default ``print``); None is silent.
+
+    Returns:
+        dict: The converted tensors under the backbone's own names (no prefix).
+    """
+    if target not in DOWNSTREAM_TARGETS:
+        raise ConversionError(f'target must be one of {sorted(DOWNSTREAM_TARGETS)}, '
+                              f'got {target!r}.')
+    loaded = load_training_checkpoint(checkpoint, out)
+    backbone = extract_backbone(loaded['state_dict'], weights, checkpoint)
+    kind = backbone_kind(backbone)
+    spec = DOWNSTREAM_TARGETS[target]
+    if kind != spec['backbone']:
+        other = next(t for t, s in DOWNSTREAM_TARGETS.items() if s['backbone'] == kind)
+        raise ConversionError(
+            f'--target {target} fine-tunes {spec["framework"]}, but {checkpoint} holds an MST '
+            f'{"Swin" if kind == "swin" else "ViT"} backbone: use --target {other}, or pretrain '
+            f'the matching backbone.')
+
+    cfg = Config.fromfile(config) if isinstance(config, str) else config
+    renamed = rename_for_target(backbone, target)
+    converted, notes = match_target(renamed, build_target_backbone(cfg, target), target)
+    config_name = osp.abspath(config) if isinstance(config, str) else cfg.filename
+    meta = dict(source=osp.abspath(checkpoint), weights=weights, target=target,
+                config=config_name, epoch=loaded.get('meta', {}).get('epoch'),
+                iter=loaded.get('meta', {}).get('iter'))
+    os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+    torch.save(dict(state_dict={spec['key_prefix'] + k: v for k, v in converted.items()},
+                    meta=meta), out)
+
+    if log is not None:
+        log(f'Converted {len(backbone)} tensors of the {weights} backbone (MST '
+            f'{"Swin" if kind == "swin" else "ViT"}, epoch {meta["epoch"]}) for '
+            f'{spec["framework"]}; dropped {", ".join(PRETRAIN_ONLY_KEYS)} (pretraining only).')
+        for note in notes:
+            log(f'  {note}')
+        shown = osp.relpath(config_name) if config_name else 'the given config'
+        log(f'All {len(converted)} keys match the backbone of {shown}. Wrote {out}')
+    return converted

@@ -1,11 +1,8 @@
 """Weight loading that refuses to leave a model silently at its random initialisation.
 
-mmengine loads ``load_from`` checkpoints and ``init_cfg=dict(type='Pretrained')`` with
-``strict=False`` and only logs the keys it could not match. A checkpoint of another model
-(a ResNet for a ViT, a dict with unrelated keys) therefore "loads" without error and leaves
-every weight random: a k-NN table or a linear probe is then computed from an untrained
-backbone. Here a load must provide every weight of the module, or the user must ask for a
-partial load; a load that provides nothing is always refused.
+mmengine loads ``load_from`` and ``init_cfg=dict(type='Pretrained')`` with ``strict=False``
+and only logs unmatched keys, so a checkpoint of another model "loads" and leaves every
+weight random. See docs/reliability.md.
 """
 import logging
 import re
@@ -32,15 +29,8 @@ _COPY_ERROR = re.compile(r'While copying the parameter named "([^"]+)"')
 
 @dataclass
 class LoadReport:
-    """What a :func:`load_state_dict_checked` call loaded and what it did not.
-
-    Args:
-        expected (list[str]): The module's state-dict keys (BN counters left out).
-        missing (list[str]): Expected keys that the state dict did not have.
-        unexpected (list[str]): Keys of the state dict that the module has no place for.
-        mismatched (dict[str, str]): Expected keys whose tensor could not be copied (a
-            different shape), with the reason.
-    """
+    """What :func:`load_state_dict_checked` loaded: expected keys (BN counters left out),
+    missing and unexpected keys, and keys whose tensor could not be copied, with why."""
     expected: List[str]
     missing: List[str] = field(default_factory=list)
     unexpected: List[str] = field(default_factory=list)
@@ -57,20 +47,11 @@ class LoadReport:
 
 
 def load_state_dict_checked(module: nn.Module, state_dict: dict) -> LoadReport:
-    """Load ``state_dict`` into ``module`` like mmengine (non-strict) and report the result.
+    """Load ``state_dict`` into ``module`` as mmengine does (non-strict) and report the result.
 
-    The recursion is mmengine's ``load_state_dict``: each module's own
-    ``_load_from_state_dict`` and its load hooks run, so modules that rename or resize
-    weights while loading (an MST checkpoint's teacher selected by ``FeatureEmbedder``, a
-    position embedding resized by mmpretrain's ViT) are judged after they did so. Unlike
-    mmengine's, it returns what it could not load instead of only logging it.
-
-    Args:
-        module (nn.Module): The module to load into (model wrappers are unwrapped).
-        state_dict (dict): Tensors by key, relative to ``module``.
-
-    Returns:
-        LoadReport: Missing, unexpected and shape-mismatched keys.
+    mmengine's recursion, so load hooks that rename or resize weights (a resized position
+    embedding) run before the keys are judged; unlike mmengine's, it returns what it could
+    not load instead of only logging it. Model wrappers are unwrapped.
     """
     if is_model_wrapper(module):
         module = module.module
@@ -114,20 +95,9 @@ def _shape(text: str) -> str:
 
 def raise_if_incomplete(report: LoadReport, source: str, what: str, allow_partial: bool,
                         fix: str, partial_hint: str = '') -> None:
-    """Refuse a load that left weights of ``what`` at their initial values.
-
-    Args:
-        report (LoadReport): The result of :func:`load_state_dict_checked`.
-        source (str): The checkpoint file, for the message.
-        what (str): The module that was loaded, for the message (e.g. "the backbone").
-        allow_partial (bool): Accept a load that provided some but not all weights (a
-            warning lists what was left out). A load that provided none is refused anyway.
-        fix (str): What the user can do, appended to the message.
-        partial_hint (str): How to allow a partial load, appended when some weights loaded.
-
-    Raises:
-        IncompleteCheckpointError: Some (or all) weights were not loaded.
-    """
+    """Raise :class:`IncompleteCheckpointError` if ``report`` left weights of ``what``
+    (named in the message, with ``source``, ``fix`` and ``partial_hint``) at their initial
+    values; with ``allow_partial``, only warn, unless nothing at all was loaded."""
     not_loaded = report.not_loaded
     if not not_loaded:
         return
@@ -196,15 +166,7 @@ def _show(keys: Sequence[str], limit: int = 6, count: bool = True) -> str:
 
 
 def state_dict_of(checkpoint: Any, source: str) -> dict:
-    """The state dict inside a loaded checkpoint (mmengine's rule: ``'state_dict'`` if any).
-
-    Args:
-        checkpoint: What ``torch.load`` returned.
-        source (str): The file, for the message.
-
-    Returns:
-        dict: Tensors by key.
-    """
+    """The state dict inside a loaded checkpoint (mmengine's rule: ``'state_dict'`` if any)."""
     state_dict = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) \
         else checkpoint
     if not isinstance(state_dict, dict):
@@ -225,13 +187,10 @@ def _revised(state_dict: dict, revise_keys: Sequence[Tuple[str, str]]) -> dict:
 
 @WEIGHT_INITIALIZERS.register_module(name='CheckedPretrained')
 class CheckedPretrainedInit(PretrainedInit):
-    """mmengine's ``Pretrained`` initialiser, weights-only, refusing a checkpoint with missing
-    weights: ``init_cfg=dict(type='CheckedPretrained', checkpoint=..., prefix=...)``.
+    """mmengine's ``Pretrained`` initialiser, weights-only, refusing missing weights.
 
-    Under a name of its own, in mmengine's root registry (so every scope finds it), so that
-    mmengine's ``'Pretrained'`` stays what every other config in the process gets.
-    ``MaskViT`` and ``MaskSwin`` skip their own re-initialisation after it as after
-    ``'Pretrained'`` (mmpretrain's backbones know only that name).
+    A name of its own in mmengine's root registry, so ``'Pretrained'`` stays mmengine's for
+    every other config in the process.
 
     Args:
         checkpoint (str): The checkpoint file.
@@ -248,11 +207,6 @@ class CheckedPretrainedInit(PretrainedInit):
         self.allow_partial = allow_partial
 
     def __call__(self, module: nn.Module) -> None:
-        """Load the checkpoint into ``module`` and refuse it if weights are left out.
-
-        Args:
-            module (nn.Module): The module whose ``init_cfg`` this is.
-        """
         what = f"the {type(module).__name__} (init_cfg type='CheckedPretrained')"
         advice = ("Check the init_cfg's checkpoint and prefix (prefix='teacher.module.0.' "
                   'selects the EMA teacher of an MST checkpoint).')
@@ -282,31 +236,15 @@ class CheckedPretrainedInit(PretrainedInit):
 
 @RUNNERS.register_module()
 class CheckedRunner(Runner):
-    """mmengine's ``Runner`` whose ``load_from`` must provide every weight of the model.
+    """mmengine's ``Runner`` whose ``load_from`` and resume are weights-only and must provide
+    every weight of the model (``allow_partial_load=True`` in the config relaxes that).
 
-    ``tools/test.py`` and ``tools/analysis/knn_eval.py`` use it, so that evaluating a
-    checkpoint of another model fails with the file and the missing weights named, instead
-    of evaluating a randomly initialised backbone. Set ``allow_partial_load=True`` in the
-    config (the tools' ``--allow-partial``) to accept a checkpoint that provides only some
-    weights; one that provides none is refused anyway. Resuming goes through the same check.
-    Every load is weights-only (:func:`load_checkpoint_safely`), which mmengine's training
-    checkpoints pass. Our configs select it with ``runner_type='CheckedRunner'``
-    (``configs/_base_/default_runtime.py``), which mmpretrain's ``tools/train.py`` honours.
+    Selected by ``runner_type='CheckedRunner'`` in ``configs/_base_/default_runtime.py``.
     """
 
     def load_checkpoint(self, filename: str, map_location='cpu', strict: bool = False,
                         revise_keys: list = [(r'^module\.', '')]) -> dict:  # noqa: B006
-        """Load ``filename`` into the model, as ``Runner.load_checkpoint`` but checked.
-
-        Args:
-            filename (str): The checkpoint.
-            map_location (str | callable): Where to put the tensors. Defaults to ``'cpu'``.
-            strict (bool): Also refuse keys that the model does not have.
-            revise_keys (list): ``(pattern, replacement)`` applied to every key first.
-
-        Returns:
-            dict: The loaded checkpoint.
-        """
+        """``Runner.load_checkpoint``, weights-only and checked."""
         checkpoint = load_checkpoint_safely(filename, map_location)
         # mmengine's order: hooks may rewrite the checkpoint before it reaches the model.
         self.call_hook('after_load_checkpoint', checkpoint=checkpoint)

@@ -1,11 +1,8 @@
 """Command-line plumbing shared by our tools: checked ``--cfg-options`` and clean errors.
 
-``--cfg-options`` keeps mmengine's semantics (``Config.merge_from_dict``: a key the config
-does not set is added). Kept on top of mmengine's ``DictAction`` because it fails on ``KEY``
-without ``=`` with Python's "not enough values to unpack" and takes ``KEY=[0.1`` as the
-string ``'[0.1'``: here both are refused when the arguments are parsed, naming the option
-and the expected form, and an added key is named in a warning with the closest existing
-one, since a typo such as ``model.mask_cfg.pp=0.1`` otherwise changes nothing, silently.
+``--cfg-options`` keeps mmengine's semantics (a new key is added), but mmengine's
+``DictAction`` fails on ``KEY`` without ``=`` with a traceback and takes ``KEY=[0.1`` as a
+string: both are refused here by name, and an added key is named in a warning.
 """
 import argparse
 import difflib
@@ -29,14 +26,7 @@ _FORM = ('each option is KEY=VALUE with no spaces around "=", e.g. model.mask_cf
 
 
 def cfg_option_syntax_error(option: str) -> Optional[str]:
-    """What is wrong with the form of one ``KEY=VALUE`` option, or None if nothing.
-
-    Args:
-        option (str): One command-line word after ``--cfg-options``.
-
-    Returns:
-        str | None: The problem, in words.
-    """
+    """What is wrong with the form of one ``KEY=VALUE`` option, in words, or None."""
     if '=' not in option:
         return f'no "=" in {option!r}: {_FORM}'
     key, value = option.split('=', 1)
@@ -58,22 +48,11 @@ def cfg_option_syntax_error(option: str) -> Optional[str]:
 
 
 class CheckedDictAction(DictAction):
-    """mmengine's ``DictAction`` that refuses a malformed ``KEY=VALUE`` by name.
-
-    argparse then prints the usage and the offending option and exits with status 2.
-    Keys are checked later, against the config (:func:`check_cfg_options`).
-    """
+    """mmengine's ``DictAction`` that refuses a malformed ``KEY=VALUE`` by name (argparse's
+    usage error, status 2); keys are checked later, against the config."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Optional[Sequence[str]], option_string: Optional[str] = None) -> None:
-        """Check each ``KEY=VALUE``, then parse them as mmengine does.
-
-        Args:
-            parser (argparse.ArgumentParser): Reports a bad option and exits.
-            namespace (argparse.Namespace): Receives the parsed dict.
-            values (list[str] | None): The words after the option.
-            option_string (str, optional): The option as typed.
-        """
         for option in values or []:
             problem = cfg_option_syntax_error(option)
             if problem is not None:
@@ -82,11 +61,7 @@ class CheckedDictAction(DictAction):
 
 
 def add_cfg_options_argument(parser: argparse.ArgumentParser) -> None:
-    """Add our tools' ``--cfg-options`` (checked syntax, checked keys) to ``parser``.
-
-    Args:
-        parser (argparse.ArgumentParser): The tool's parser.
-    """
+    """Add our tools' ``--cfg-options`` (checked syntax, checked keys) to ``parser``."""
     parser.add_argument(
         '--cfg-options', nargs='+', action=CheckedDictAction, metavar='KEY=VALUE',
         help='override settings of the config, e.g. model.mask_cfg.p=0.05. A list is '
@@ -96,16 +71,7 @@ def add_cfg_options_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def check_cfg_options(cfg: Config, options: Dict[str, Any]) -> List[str]:
-    """The keys of ``options`` that ``cfg`` does not set, each with its closest existing key.
-
-    A key may go through dicts (by name) and lists (by index).
-
-    Args:
-        cfg (Config): The loaded config.
-        options (dict): ``--cfg-options`` as ``CheckedDictAction`` parsed them.
-
-    Returns:
-        list[str]: One line per added key, empty when every key exists.
+    """One line per key of ``options`` that ``cfg`` does not set, with the closest existing key.
 
     Raises:
         ConfigOptionError: A key that cannot be merged: a list index out of range, or a key
@@ -125,15 +91,7 @@ def check_cfg_options(cfg: Config, options: Dict[str, Any]) -> List[str]:
 
 
 def merge_cfg_options(cfg: Config, options: Optional[Dict[str, Any]]) -> Config:
-    """``cfg.merge_from_dict(options)``, with a warning for each key the config did not set.
-
-    Args:
-        cfg (Config): The config, changed in place.
-        options (dict | None): Parsed ``--cfg-options``.
-
-    Returns:
-        Config: ``cfg``.
-    """
+    """``cfg.merge_from_dict(options)`` in place, warning for each key the config did not set."""
     if options:
         added = check_cfg_options(cfg, options)
         if added:
@@ -199,19 +157,10 @@ _BACKBONE_TOKENS = ('deit-s', 'swin-t', 'vit-tiny', 'vit-b', 'vit-s')
 def check_test_config(cfg: Config, config_path: str, checkpoint: str) -> None:
     """Refuse a config that ``tools/test.py`` cannot run, saying what to run instead.
 
-    k-NN has one entry point, ``tools/analysis/knn_eval.py``, which runs the same
-    ``KNNTestLoop`` and prints the table.
-
-    mmengine fails on a config without a test split with "``self._test_loop`` should not
-    be None". A pretraining config has none: its checkpoint is evaluated through the
-    backbone, by k-NN, a linear probe or a downstream task, each with its own config under
-    ``configs/benchmarks/``. The message lists the ones for the same backbone (judged by
-    the names) with the commands, the checkpoint filled in.
-
-    Args:
-        cfg (Config): The loaded config.
-        config_path (str): Its path, as given.
-        checkpoint (str): The checkpoint to evaluate, as given.
+    k-NN configs go to the one k-NN entry point, ``tools/analysis/knn_eval.py``. A
+    pretraining config has no test split (mmengine fails with "``self._test_loop`` should
+    not be None"): the message lists the evaluation configs of the same backbone, with the
+    commands.
 
     Raises:
         NotATestConfigError: the config has no ``test_dataloader`` or ``test_evaluator``, or
@@ -261,14 +210,8 @@ def _pretrained_path(config: str) -> str:
 
 
 def run_tool(main: Callable[[], Any]) -> None:
-    """Run a tool's ``main()``, printing a :class:`UserInputError` without a traceback.
-
-    The error goes to stderr as ``TOOL: error: MESSAGE`` (argparse's form) and the process
-    exits with status 2. Other exceptions keep their traceback: they are bugs.
-
-    Args:
-        main (callable): The tool's entry point, called without arguments.
-    """
+    """Run a tool's ``main()``; a :class:`UserInputError` becomes ``TOOL: error: MESSAGE``
+    on stderr and status 2 (argparse's form). Other exceptions keep their traceback: bugs."""
     try:
         main()
     except UserInputError as error:
@@ -280,10 +223,9 @@ def run_tool(main: Callable[[], Any]) -> None:
 def close_process_group() -> None:
     """Let every rank finish, then close the process group before the interpreter exits.
 
-    A gloo group left to the interpreter's teardown can abort the process ("terminate called
-    without an active exception") while another rank is still using it, failing a run whose
-    work is done. Only called after a successful ``main()``: a barrier after one rank's
-    error would hang the others.
+    A gloo group left to the interpreter's teardown can abort a finished run ("terminate
+    called without an active exception"). Only after a successful ``main()``: a barrier
+    after one rank's error would hang the others.
     """
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

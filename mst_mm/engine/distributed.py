@@ -1,9 +1,8 @@
-"""Distributed training on machines without a GPU (gloo), which mmengine does not cover.
+"""Distributed training without a GPU (gloo), which mmengine does not cover.
 
-mmengine's ``pytorch`` launcher calls ``torch.cuda.set_device``, wraps the model with
-``device_ids=[LOCAL_RANK]`` and converts BN to torch's ``SyncBatchNorm``: all three need a
-GPU. These pieces make the same configs and tools run as several CPU processes (used by the
-tests, and by users debugging a multi-process run on a laptop). On GPUs they change nothing.
+mmengine's launchers call ``torch.cuda.set_device``, pass ``device_ids`` and use torch's
+GPU-only ``SyncBatchNorm``. These pieces run the same configs as CPU processes (the tests,
+debugging on a laptop); on GPUs they change nothing.
 """
 import os
 import subprocess
@@ -20,15 +19,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 
 def init_cpu_distributed(launcher: str) -> bool:
-    """Start a gloo process group for ``--launcher pytorch`` or ``slurm`` when CUDA is
-    unavailable; with GPUs, mmengine starts the config's backend (nccl) as usual.
-
-    The runner then finds an initialised group and skips its CUDA-only set-up (mmengine's
-    Slurm set-up divides by the GPU count and calls ``torch.cuda.set_device``).
-
-    Returns:
-        bool: Whether a group was started here.
-    """
+    """Start a gloo group for ``--launcher pytorch``/``slurm`` without CUDA, so the runner
+    skips its CUDA-only set-up; return whether one was started. With GPUs, does nothing."""
     if (launcher not in ('pytorch', 'slurm') or torch.cuda.is_available()
             or dist.is_initialized()):
         return False
@@ -40,9 +32,7 @@ def init_cpu_distributed(launcher: str) -> bool:
 
 
 def _slurm_environment() -> None:
-    """The variables mmengine's Slurm launcher derives from ``SLURM_*``, set the same way:
-    rank, world size, local rank, and the job's first node as the master (port 29500
-    unless ``MASTER_PORT`` is set)."""
+    """Rank, world size, local rank and master from ``SLURM_*``, as mmengine's launcher does."""
     node_list = os.environ['SLURM_NODELIST']
     os.environ.setdefault('MASTER_ADDR', subprocess.getoutput(
         f'scontrol show hostname {node_list} | head -n1'))
@@ -53,18 +43,13 @@ def _slurm_environment() -> None:
 
 
 class CPUSyncBatchNorm(_BatchNorm):
-    """Synchronised BatchNorm for CPU tensors (gloo).
+    """Synchronised BatchNorm for CPU tensors (gloo); plain BN in eval or without a group.
 
-    Same parameters and buffers as ``nn.SyncBatchNorm``, so checkpoints are unaffected. It is
-    not a subclass of it because DDP refuses ``SyncBatchNorm`` in CPU modules. The statistics
-    are those of the whole global batch, by the corrected two-pass algorithm: the global mean
-    from all-reduced sums, then the all-reduced sums of the deviations from it and of their
-    squares. The first sum is the rounding error of that mean (the subtraction is exact when
-    the values lie near it), and corrects both the mean and the variance. The one-pass
-    ``E[x^2] - mean^2`` cancels catastrophically when the mean is large against the spread:
-    for ``300 + 0.01 * N(0, 1)`` in float32 it comes out negative, and the output NaN. Both
-    all-reduces are differentiable, so the gradients match one large batch. In eval mode, or
-    without a process group, it is plain BN.
+    Same state as ``nn.SyncBatchNorm`` (DDP refuses that one in CPU modules). Global-batch
+    statistics by the corrected two-pass algorithm: mean = shift + r, var = E[(x - shift)^2]
+    - r^2 with shift the all-reduced mean and r = E[x - shift] its rounding error; the
+    one-pass E[x^2] - mean^2 goes negative for 300 + 0.01 N(0, 1) in float32. Both
+    all-reduces are differentiable, so gradients match one large batch.
     """
 
     def _check_input_dim(self, x: torch.Tensor) -> None:
@@ -72,14 +57,7 @@ class CPUSyncBatchNorm(_BatchNorm):
             raise ValueError(f'expected at least 2D input (got {x.dim()}D input)')
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise ``x`` (N, C, ...) with the statistics of every rank's batch.
-
-        Args:
-            x (Tensor): This rank's part of the batch.
-
-        Returns:
-            Tensor: The normalised (and, if ``affine``, scaled and shifted) ``x``.
-        """
+        """Normalise this rank's ``x`` (N, C, ...) with the statistics of every rank's batch."""
         if not self.training or not dist.is_initialized():
             return super().forward(x)
         channels = x.shape[1]
@@ -113,12 +91,8 @@ class CPUSyncBatchNorm(_BatchNorm):
 
 @MODEL_WRAPPERS.register_module()
 class DeviceAgnosticDDP(MMDistributedDataParallel):
-    """``MMDistributedDataParallel`` that also wraps a CPU model.
-
-    mmengine passes ``device_ids=[LOCAL_RANK]``, which DDP rejects for CPU modules; for them
-    it is dropped, and torch's GPU-only ``SyncBatchNorm`` layers become
-    :class:`CPUSyncBatchNorm` in place (same state, so checkpoints are unaffected).
-    """
+    """``MMDistributedDataParallel`` that also wraps a CPU model: no ``device_ids`` (DDP
+    rejects them on CPU) and ``SyncBatchNorm`` becomes :class:`CPUSyncBatchNorm` in place."""
 
     def __init__(self, module: nn.Module, device_ids=None, **kwargs) -> None:
         if next(module.parameters()).device.type == 'cpu':

@@ -1,10 +1,7 @@
-"""Errors that the user can fix from the command line.
+"""Errors the user can fix: our tools print the message and exit with status 2.
 
-Our tools print these as one message and exit with status 2, without a traceback
-(:func:`mst_mm.engine.cli.run_tool`). Every message names the input, says what is wrong with
-it and what to do instead. Each class also derives from the built-in exception that the same
-failure raised before, so code that caught ``FileNotFoundError`` or ``UnpicklingError`` keeps
-working.
+Each also derives from the built-in exception the same failure raised before, so code that
+caught ``FileNotFoundError`` or ``UnpicklingError`` keeps working.
 """
 import pickle
 

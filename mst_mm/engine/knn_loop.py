@@ -10,18 +10,9 @@ from torch.utils.data import DataLoader
 
 @LOOPS.register_module()
 class KNNTestLoop(TestLoop):
-    """mmengine's ``TestLoop`` preceded by one pass over the reference (train) images.
-
-    The reference embeddings and labels, gathered from all ranks, are given to every metric
-    that has ``set_reference`` (``WeightedKNNAccuracy``); the test pass itself is unchanged.
-
-    Args:
-        runner (Runner): The runner.
-        dataloader (DataLoader | dict): The images to classify.
-        evaluator (Evaluator | dict | list): Must contain ``WeightedKNNAccuracy``.
-        train_dataloader (DataLoader | dict): The labelled reference images.
-        fp16 (bool): Defaults to False.
-    """
+    """mmengine's ``TestLoop`` preceded by one pass over the labelled reference images
+    (``train_dataloader``), whose embeddings, gathered from all ranks, go to every metric
+    with ``set_reference`` (``WeightedKNNAccuracy``)."""
 
     def __init__(self, runner, dataloader: Union[DataLoader, Dict], evaluator,
                  train_dataloader: Union[DataLoader, Dict], fp16: bool = False) -> None:

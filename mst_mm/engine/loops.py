@@ -1,11 +1,7 @@
 """An epoch-based train loop that resumes in the middle of an epoch.
 
-mmengine 0.10.7's ``EpochBasedTrainLoop`` resumes at the start of the checkpoint's epoch. A
-checkpoint written after batch ``j`` of an epoch (``SafeCheckpointHook``'s rolling
-checkpoint with ``latest_by_epoch=False``) would make it train all of that epoch again:
-``j`` batches twice, and every iteration-based schedule (learning rate, weight decay,
-teacher momentum) ``j`` steps ahead of the epoch-based ones. mmengine has no loop for this
-(its ``IterBasedTrainLoop`` has no epochs), so this one is ours.
+mmengine's ``EpochBasedTrainLoop`` restarts the checkpoint's epoch: a mid-epoch checkpoint
+would train ``j`` batches twice and put iteration-based schedules ``j`` steps ahead.
 """
 import itertools
 from typing import Iterator
@@ -15,11 +11,8 @@ from mmpretrain.registry import LOOPS
 
 
 class _SkipFirst:
-    """A sampler that leaves out the first ``count`` indices of another one.
-
-    Its length stays the wrapped sampler's, so ``len(dataloader)`` and the hooks' "last
-    iteration of the epoch" tests do not change.
-    """
+    """A sampler without the first ``count`` indices of another; same length, so the hooks'
+    "last iteration of the epoch" tests do not change."""
 
     def __init__(self, sampler, count: int) -> None:
         self.sampler, self.count = sampler, count
@@ -33,19 +26,11 @@ class _SkipFirst:
 
 @LOOPS.register_module()
 class MidEpochResumeTrainLoop(EpochBasedTrainLoop):
-    """mmengine's ``EpochBasedTrainLoop``, plus resuming from a mid-epoch checkpoint.
+    """``EpochBasedTrainLoop`` whose resumed epoch trains only the batches it had left.
 
-    After a resume whose iteration count lies inside an epoch, that epoch trains only the
-    batches it had left. The sampler yields the epoch's order again (mmengine's
-    ``DefaultSampler`` shuffles by seed and epoch) and the batches already trained are
-    left out as indices, before any image is loaded. Batch indices given to the hooks are
-    the epoch's own (``j``, ``j + 1``, ...), so logs and epoch-end tests read as in the
-    uninterrupted run. Data augmentation in the rest of that epoch draws from a new random
-    stream (the data loader seeds its workers when an epoch starts), so a mid-epoch resume
-    repeats the order of the images, not their crops; checkpoints at epoch ends resume
-    exactly. Without a mid-epoch resume the loop is mmengine's.
-
-    Arguments are ``EpochBasedTrainLoop``'s.
+    The sampler replays the epoch's order and the trained batches are left out as indices,
+    before any image is loaded; hooks see the epoch's own batch indices. The rest of the
+    epoch repeats the image order, not the crops (docs/checkpoints_logs_and_tools.md).
     """
 
     def run_epoch(self) -> None:

@@ -1,27 +1,9 @@
-"""An optimiser constructor that leaves the EMA teacher out instead of warning about it, and
-summarises the per-parameter settings instead of listing them on the console.
+"""mmengine's optimiser constructor, minus its noise, plus DINO's clipping under ``--amp``.
 
-mmengine's ``DefaultOptimWrapperConstructor`` walks every parameter of the model when a
-``paramwise_cfg`` is set, and for each one that does not require a gradient logs a warning
-"... is skipped since its requires_grad=False". MST's EMA teacher (mmengine's
-``BaseAveragedModel``) is never trained by the optimiser, only averaged from the student
-by the algorithm, so a run opened with one such warning per teacher parameter. mmengine's
-constructor has no option to leave a sub-module out, so this subclass adds one rule:
-averaged models are not walked (one DEBUG line says how many parameters that leaves out).
-The parameter groups, their order and their lr / weight decay are exactly mmengine's:
-those parameters were skipped before too, only noisily. A parameter of the student that
-is frozen on purpose still gets mmengine's warning.
-
-mmengine also logs one INFO line "paramwise_options -- NAME:KEY=VALUE" per setting of every
-parameter that ``paramwise_cfg`` touches: 118 lines on the console for DeiT-S (every bias
-and norm gets ``weight_decay=0.0``). Here the console gets one line that counts them, and
-the full list goes to the run's log file, as mmengine does with its initialisation dump.
-
-mmpretrain's ``tools/train.py --amp`` (what ``mim train mmpretrain CONFIG --amp`` runs) sets
-``optim_wrapper.type = 'AmpOptimWrapper'`` whatever the config had, and mmengine's wrapper
-cannot apply DINO's per-parameter clipping: with ``clip_grad=dict(type='per_param')`` the
-constructor builds the wrapper's DINO twin instead (``DINOAmpOptimWrapper``, or
-``DINOOptimWrapper`` for ``OptimWrapper``), and refuses any other type at once.
+mmengine's ``paramwise_cfg`` has no way to leave out a sub-module, so it warns once per EMA
+teacher parameter, and it logs one console line per parameter setting (118 for DeiT-S);
+``--amp`` sets ``AmpOptimWrapper``, which cannot clip per parameter. The parameter groups
+are exactly mmengine's.
 """
 import collections
 import logging
@@ -42,11 +24,9 @@ _DINO_TWINS = {'OptimWrapper': 'DINOOptimWrapper', 'AmpOptimWrapper': 'DINOAmpOp
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
 class StudentOptimWrapperConstructor(DefaultOptimWrapperConstructor):
-    """mmengine's ``DefaultOptimWrapperConstructor`` that does not walk averaged models.
-
-    Use it with ``optim_wrapper=dict(constructor='StudentOptimWrapperConstructor', ...)``;
-    every other argument is ``DefaultOptimWrapperConstructor``'s.
-    """
+    """``DefaultOptimWrapperConstructor`` that leaves averaged (EMA) models out, counts the
+    paramwise settings in one console line (all of them in the log file), and builds the DINO
+    twin of the wrapper when ``clip_grad=dict(type='per_param')``."""
 
     def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: Optional[dict] = None) -> None:
         clip_grad = optim_wrapper_cfg.get('clip_grad') or {}
@@ -67,14 +47,6 @@ class StudentOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         super().__init__(optim_wrapper_cfg, paramwise_cfg)
 
     def __call__(self, model: nn.Module) -> OptimWrapper:
-        """Build the optimiser wrapper as mmengine does, with a summary of its settings.
-
-        Args:
-            model (nn.Module): The model (or its DDP wrapper).
-
-        Returns:
-            OptimWrapper: mmengine's wrapper around the optimiser.
-        """
         logger = MMLogger.get_current_instance()
         details: List[str] = []
 
@@ -96,14 +68,7 @@ class StudentOptimWrapperConstructor(DefaultOptimWrapperConstructor):
 
     def add_params(self, params: List[dict], module: nn.Module, prefix: str = '',
                    is_dcn_module: Optional[Union[int, float]] = None) -> None:
-        """mmengine's ``add_params``, except that an EMA model adds nothing.
-
-        Args:
-            params (list[dict]): The parameter groups, extended in place.
-            module (nn.Module): The module whose parameters are added.
-            prefix (str): The module's name in the model. Defaults to ''.
-            is_dcn_module (int | float, optional): As in mmengine. Defaults to None.
-        """
+        """mmengine's ``add_params``, except that an EMA model adds nothing."""
         if isinstance(module, BaseAveragedModel):
             count = sum(p.numel() for p in module.parameters())
             print_log(f'{prefix or type(module).__name__}: an averaged model '

@@ -1,16 +1,9 @@
 """Which checkpoint ``--resume`` continues from, and whether it can.
 
-mmengine resumes from whatever ``WORK_DIR/last_checkpoint`` names, taken as a path relative
-to the current directory, and fails on an unusable file with a bare ``KeyError`` (a state
-dict has no ``'meta'``) or torch's generic zip error (a truncated file). Here:
-
-* ``last_checkpoint`` is read relative to the work dir (``SafeCheckpointHook`` writes it
-  so), and an old absolute pointer that leads out of the work dir is replaced by the
-  same-named file inside it, so a moved or copied work dir resumes from its own files;
-* a resume target is checked before anything is loaded into the model: it must be a
-  readable training checkpoint with mmengine's ``meta``, ``message_hub`` and ``state_dict``;
-* with auto-resume, an unusable newest checkpoint makes way for the previous good one of
-  the same run, with a warning. No file is ever deleted or changed.
+mmengine reads ``WORK_DIR/last_checkpoint`` relative to the current directory and fails on
+an unusable file with a bare ``KeyError`` or a zip error. Here the pointer is read in the
+work dir, the target is checked before loading, and auto-resume falls back to the previous
+good checkpoint. See docs/reliability.md.
 """
 import logging
 import os
@@ -29,17 +22,8 @@ _STEP_NAME = re.compile(r'^(epoch|iter)_(\d+)\.pth$')
 
 
 def check_training_checkpoint(filename: str) -> None:
-    """Raise unless ``filename`` is a training checkpoint that mmengine can resume from.
-
-    The file is opened memory-mapped, so even a large checkpoint costs little to check.
-
-    Args:
-        filename (str): The checkpoint to resume from.
-
-    Raises:
-        CheckpointError: a subclass that says what is wrong (missing, unreadable, unsafe,
-            or not a training checkpoint), with the file and what to do in the message.
-    """
+    """Raise a :class:`CheckpointError` naming the problem unless ``filename`` is a training
+    checkpoint that mmengine can resume from (opened memory-mapped: cheap to check)."""
     checkpoint = read_checkpoint(filename, map_location='cpu', mmap=True)
     problems = []
     if not isinstance(checkpoint, dict):
@@ -66,19 +50,10 @@ def check_training_checkpoint(filename: str) -> None:
 
 
 def read_last_checkpoint(work_dir: str) -> Optional[str]:
-    """The checkpoint that ``work_dir/last_checkpoint`` names, resolved in ``work_dir``.
+    """The checkpoint that ``work_dir/last_checkpoint`` names (not checked to exist), or None.
 
-    A relative pointer is relative to ``work_dir``. An absolute pointer (written by mmengine
-    or by an older version of this project) is used as it is when it leads into
-    ``work_dir``; when it leads elsewhere or to nothing, the same-named file in ``work_dir``
-    is preferred if it exists, because the work dir was most likely moved or copied.
-
-    Args:
-        work_dir (str): The run's work directory.
-
-    Returns:
-        str | None: The checkpoint path (not checked to exist), or None when there is no
-        pointer.
+    A relative pointer is relative to ``work_dir``; an absolute one that leads out of it
+    gives way to the same-named file inside it (the work dir was moved or copied).
     """
     pointer = osp.join(work_dir, POINTER)
     if not osp.isfile(pointer):
@@ -103,22 +78,10 @@ def read_last_checkpoint(work_dir: str) -> Optional[str]:
 
 
 def find_resume_checkpoint(work_dir: str) -> Optional[str]:
-    """The checkpoint that auto-resume (``--resume`` without a path) continues from.
+    """The checkpoint auto-resume continues from, or None for a new run.
 
-    It is the one ``last_checkpoint`` names (see :func:`read_last_checkpoint`). If that one
-    is missing, unreadable or not a training checkpoint, the newest good checkpoint of the
-    run that is older than it is taken instead, and a warning says so; the bad file is not
-    deleted.
-
-    Args:
-        work_dir (str): The run's work directory.
-
-    Returns:
-        str | None: The checkpoint, or None when the work dir has no ``last_checkpoint``
-        (a new run).
-
-    Raises:
-        CheckpointError: the named checkpoint is unusable and no earlier one is good.
+    The one ``last_checkpoint`` names or, if that is unusable, the newest older good one of
+    the run, with a warning (the bad file is kept); :class:`CheckpointError` if none is good.
     """
     target = read_last_checkpoint(work_dir)
     if target is None:

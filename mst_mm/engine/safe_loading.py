@@ -1,14 +1,8 @@
 """Weights-only checkpoint loading that still reads mmengine's own checkpoints.
 
-torch >= 2.6 loads with ``weights_only=True`` by default and mmengine 0.10.7 passes nothing,
-so its training checkpoints (numpy arrays and ``HistoryBuffer`` objects in the message hub)
-fail to load and ``--resume`` is broken. Instead of turning weights-only loading off, this
-allow-lists exactly the globals those checkpoints hold, and every load failure names the file.
-
-Importing ``mst_mm`` changes no loader: our runner (``CheckedRunner``, the configs'
-``runner_type``), our ``CheckedPretrained`` initialiser and our tools load through
-:func:`load_checkpoint_safely`. :func:`install_weights_only_loader` makes it mmengine's
-loader for every local file in the process, for users who want that everywhere.
+torch >= 2.6 loads weights-only by default, which refuses mmengine's training checkpoints
+(numpy arrays, ``HistoryBuffer``): this allow-lists exactly those globals and names the
+file in every failure. ``import mst_mm`` changes no loader; see docs/reliability.md.
 """
 import errno
 import os.path as osp
@@ -28,11 +22,8 @@ _NUMERIC_DTYPES = ('bool', 'int8', 'int16', 'int32', 'int64', 'uint8', 'uint16',
 
 
 def _history_buffer_method(obj: Any, name: str) -> Any:
-    """Stands in for ``getattr`` during weights-only loads.
-
-    Pickle protocol 2 stores ``HistoryBuffer.min`` (kept in the message hub's statistics
-    table) as ``getattr(HistoryBuffer, 'min')``; nothing else in a checkpoint may use it.
-    """
+    """``getattr`` for weights-only loads: pickle stores ``HistoryBuffer.min`` (the message
+    hub's statistics) as ``getattr(HistoryBuffer, 'min')``; nothing else may use it."""
     allowed = {'min', 'max', 'current', 'mean', *HistoryBuffer._statistics_methods}
     if obj is HistoryBuffer and name in allowed:
         return getattr(obj, name)
@@ -83,15 +74,8 @@ def _first_line(error: BaseException) -> str:
 def read_checkpoint(filename: str, map_location: Any = None, mmap: bool = False) -> Any:
     """``torch.load(filename)``, weights-only, with errors that name the file and the fix.
 
-    Args:
-        filename (str): A local checkpoint file.
-        map_location: Passed to ``torch.load``.
-        mmap (bool): Map the tensors' storage instead of reading it, to look at a large
-            checkpoint's structure cheaply. Files in torch's legacy (non-zip) format are
-            read in full instead. Defaults to False.
-
-    Returns:
-        The unpickled object.
+    ``mmap=True`` maps the storage to look at a large checkpoint cheaply (legacy non-zip
+    files are read in full).
 
     Raises:
         CheckpointNotFoundError: ``filename`` does not exist.
@@ -135,16 +119,7 @@ def _unreadable_message(filename: str, error: BaseException) -> str:
 
 
 def load_local_checkpoint(filename: str, map_location: Any = None) -> Any:
-    """A loader for local paths with mmengine's signature, weights-only and explicit about a
-    refusal: every failure names the file (see :func:`read_checkpoint`).
-
-    Args:
-        filename (str): A local checkpoint file.
-        map_location: Passed to ``torch.load``.
-
-    Returns:
-        The unpickled checkpoint.
-    """
+    """:func:`read_checkpoint` with the signature of mmengine's local loader."""
     return read_checkpoint(filename, map_location=map_location)
 
 

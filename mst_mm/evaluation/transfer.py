@@ -2,7 +2,7 @@
 
 The transfer leg of the evidence run (``tools/evidence.py``): an MST training checkpoint (or
 nothing, for random initialisation) is converted for the downstream config's backbone
-(:func:`mst_mm.engine.downstream_export.convert_for_downstream`, the core of
+(:func:`mst_mm.engine.backbone_export.convert_for_downstream`, the core of
 ``tools/model_converters/mst2downstream.py``), fine-tuned with mmengine's ``Runner`` on the
 scenes that :func:`mst_mm.datasets.animal_shapes.write_scenes` writes, and evaluated on their
 val split. mmdet and mmseg are imported only when a fine-tune runs.
@@ -20,7 +20,7 @@ from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import DefaultScope
 
-from mst_mm.engine.downstream_export import convert_for_downstream
+from mst_mm.engine.backbone_export import convert_for_downstream
 from mst_mm.engine.errors import IncompleteCheckpointError
 
 # The metrics that finetune returns, by target: {returned name: evaluator's name}.

@@ -26,7 +26,7 @@ keys named. The checkpoint is read weights-only (``mst_mm.engine.load_local_chec
 so a pickle that would run code is refused before anything in it is used, and a truncated
 or unreadable file is named with what is wrong with it. Every refusal ends the command with
 one message and exit status 2. The mmdet / mmseg conversion itself is the package's
-(``mst_mm.engine.downstream_export``), which ``mst_mm.evaluation.transfer.finetune`` uses too.
+(``mst_mm.engine.backbone_export``), which ``mst_mm.evaluation.transfer.finetune`` uses too.
 """
 import argparse
 import os
@@ -39,24 +39,22 @@ import torch
 # Running as `python tools/...` from a source checkout must work without an install.
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-from mst_mm.engine.backbone_export import (  # noqa: E402
+from mst_mm.engine.backbone_export import (  # noqa: E402,F401  (some re-exported)
+    DOWNSTREAM_TARGETS,
     PRETRAIN_ONLY_KEYS,
     SOURCE_PREFIXES,
     ConversionError,
     backbone_kind,
-    extract_backbone,
-    vit_to_timm,
-)
-from mst_mm.engine.cli import run_tool  # noqa: E402
-from mst_mm.engine.downstream_export import (  # noqa: E402,F401  (re-exported)
-    DOWNSTREAM_TARGETS,
     build_target_backbone,
     convert_for_downstream,
+    extract_backbone,
     load_training_checkpoint,
     match_target,
     rename_for_target,
     resize_pos_embed,
+    vit_to_timm,
 )
+from mst_mm.engine.cli import run_tool  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 # The default downstream config of each target (--config overrides it).

@@ -30,23 +30,18 @@ ADVICE = {
 def collapse_mode(entropy: float, kl: float, num_prototypes: int,
                   uniform_ratio: float = 0.95, one_hot_ratio: float = 0.05,
                   kl_ratio: float = 0.01) -> Optional[str]:
-    r"""Which collapse mode the DINO diagnostics show, if any (DINO paper, Fig. 7).
+    r"""Which DINO collapse mode (paper, Fig. 7) the diagnostics show, if any.
 
-    Uniform collapse drives the teacher entropy :math:`H(P_t)` to :math:`\ln K`; one-hot
-    collapse drives it to 0; in both the student follows the teacher, so the KL divergence
-    between them goes to 0. A run whose KL is clearly above 0 is learning, whatever its
-    entropy.
+    Uniform collapse drives :math:`H(P_t)` to :math:`\ln K`, one-hot collapse to 0; in both
+    the teacher-student KL goes to 0, so a KL clearly above 0 means the run is learning.
 
     Args:
         entropy (float): Mean teacher entropy :math:`H(P_t)` in nats.
         kl (float): Mean teacher-student KL divergence in nats.
         num_prototypes (int): K.
         uniform_ratio (float): Uniform when :math:`H \ge` this :math:`\times \ln K`.
-            Defaults to 0.95.
         one_hot_ratio (float): One-hot when :math:`H \le` this :math:`\times \ln K`.
-            Defaults to 0.05.
         kl_ratio (float): Collapsed only while :math:`KL \le` this :math:`\times \ln K`.
-            Defaults to 0.01.
 
     Returns:
         str | None: ``'uniform'``, ``'one-hot'`` or None.
@@ -65,19 +60,14 @@ def collapse_mode(entropy: float, kl: float, num_prototypes: int,
 class CollapseMonitorHook(Hook):
     """Warns, naming the mode and what to change, when a run sits in a collapse mode.
 
-    After every training iteration it reads ``teacher_entropy`` and ``teacher_student_kl``,
-    which ``MST.loss`` returns next to the losses (so the console, ``scalars.json`` and
-    TensorBoard show them too), and classifies them with :func:`collapse_mode`. When the
-    same mode has held for ``window`` iterations in a row it logs one warning; it warns again
-    only after the run has left that mode. It never stops a run. Runs without these outputs
-    (k-NN, linear probing) are ignored.
+    Reads ``teacher_entropy`` and ``teacher_student_kl`` from ``MST.loss``'s outputs; runs
+    without them (k-NN, linear probing) are ignored. See docs/reliability.md.
 
     Args:
-        window (int): Consecutive iterations in a mode before the warning. Defaults to 1000
-            (about one ImageNet epoch at batch 1024).
-        uniform_ratio (float): See :func:`collapse_mode`. Defaults to 0.95.
-        one_hot_ratio (float): See :func:`collapse_mode`. Defaults to 0.05.
-        kl_ratio (float): See :func:`collapse_mode`. Defaults to 0.01.
+        window (int): Iterations in a row in one mode before warning (1000: ~1 ImageNet epoch).
+        uniform_ratio (float): See :func:`collapse_mode`.
+        one_hot_ratio (float): See :func:`collapse_mode`.
+        kl_ratio (float): See :func:`collapse_mode`.
     """
     priority = 'BELOW_NORMAL'
 

@@ -1,8 +1,6 @@
-"""DINO's per-epoch schedules that have no mmengine parameter scheduler.
+"""DINO's per-epoch schedules that no mmengine parameter scheduler covers.
 
-Both hooks set an attribute on the unwrapped model before every iteration, computed from
-the runner's epoch alone, so they behave the same with and without the DDP wrapper and
-after a resume.
+Both set an attribute from the runner's epoch alone, so DDP and resume change nothing.
 """
 import numpy as np
 from mmengine.hooks import Hook
@@ -22,9 +20,9 @@ class TeacherTempWarmupHook(Hook):
     :math:`e < ` ``warmup_epochs``, else ``end``; written to ``model.head.teacher_temp``.
 
     Args:
-        start (float): Defaults to 0.04.
-        end (float): Defaults to 0.07.
-        warmup_epochs (int): Defaults to 30.
+        start (float): Temperature at epoch 0.
+        end (float): Temperature from ``warmup_epochs`` on.
+        warmup_epochs (int): Length of the linear warm-up.
     """
     priority = 'NORMAL'
 
@@ -46,17 +44,14 @@ class TeacherTempWarmupHook(Hook):
 
 @HOOKS.register_module()
 class FreezeLastLayerHook(Hook):
-    """Keep the projection's last layer fixed for the first epochs (DINO's stabiliser).
+    """Keep the projection's last layer fixed for the first epochs (DINO's
+    ``cancel_gradients_last_layer``), through ``DINOOptimWrapper.freeze``.
 
-    Before every iteration of the first ``freeze_epochs`` epochs the last layer's parameters
-    are handed to the optimiser wrapper's ``freeze``: the gradient flows through the layer
-    during backward (so DDP needs no ``find_unused_parameters``) and is then set to None
-    before the update, so AdamW leaves the layer untouched (no step, no weight decay). This
-    is DINO's ``cancel_gradients_last_layer``. Needs a ``DINOOptimWrapper`` (or its AMP
-    twin), which is what the MST schedules use.
+    The gradient still flows in backward, so DDP needs no ``find_unused_parameters``; the
+    wrapper drops it before the update, so the layer gets no step and no weight decay.
 
     Args:
-        freeze_epochs (int): Defaults to 1.
+        freeze_epochs (int): Epochs during which the last layer stays fixed.
     """
     priority = 'NORMAL'
 

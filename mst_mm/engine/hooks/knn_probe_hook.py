@@ -1,13 +1,4 @@
-"""A k-NN probe of the teacher's features during pretraining.
-
-A DINO loss below ln K says the teacher is not uniform; it does not say the features know
-anything about the images (an image-identity shortcut also leaves ln K). This hook measures
-what the features are for: every ``interval`` epochs it embeds a labelled reference split
-and a held-out split with the EMA teacher's backbone and logs the weighted k-NN top-1 of
-the held-out images (:func:`mst_mm.evaluation.knn_top1`), so the run's curves show whether
-the features learn, not only whether the loss moves. DINO's code and mmpretrain evaluate
-k-NN only after training; the hook is ours for that reason.
-"""
+"""A k-NN probe of the teacher's features during pretraining."""
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -24,21 +15,19 @@ from .dino_schedule_hooks import unwrap
 class KNNProbeHook(Hook):
     """Log the weighted k-NN top-1 (%) of the teacher's image embedding every few epochs.
 
-    The scalars ``knn_probe_top1_k{k}`` go to the log and to the visualizer backends
-    (``vis_data/scalars.json``), with the iteration as their step. The probe runs on the
-    main process only: the other ranks go on and meet it at the next gradient all-reduce.
+    A loss below ln K does not show that the features learn, and DINO and mmpretrain run
+    k-NN only after training. Logs ``knn_probe_top1_k{k}`` at the iteration as step; runs on
+    the main process only (the other ranks wait at the next gradient all-reduce).
 
     Args:
-        reference_dataloader (dict): Loader of the labelled reference images (the train
-            split); ``dataset`` and ``batch_size`` are used, the pipeline must give single
-            images (``LoadImageFromFile``, ``PackInputs``).
-        query_dataloader (dict): The same for the held-out images.
-        interval (int): Probe every this many epochs, and after the last. Defaults to 1.
-        ks (Sequence[int]): Neighbour counts. Defaults to (20, ).
-        temperature (float): Vote temperature. Defaults to 0.07.
+        reference_dataloader (dict): Labelled split (``dataset``, ``batch_size``) whose
+            pipeline gives single images (``LoadImageFromFile``, ``PackInputs``).
+        query_dataloader (dict): The same for the held-out split.
+        interval (int): Probe every this many epochs, and after the last.
+        ks (Sequence[int]): Neighbour counts.
+        temperature (float): Vote temperature.
         weights (str): ``'teacher'`` (the EMA teacher, DINO's practice) or ``'student'``.
         before_training (bool): Also probe the initial weights, the curve's starting point.
-            Defaults to True.
     """
     priority = 'LOW'
 

@@ -8,11 +8,8 @@ from mmpretrain.registry import HOOKS
 
 @HOOKS.register_module()
 class MSTVisualizationHook(Hook):
-    """Every ``interval`` iterations, draw the first global crop of the batch and send the
-    picture to the runner's visualizer backends (local files, TensorBoard, W&B, ...).
-
-    The row is the one of ``tools/analysis/visualize_mst.py``: input, teacher attention
-    (mean and per head), guided and random masks, reconstruction.
+    """Send ``tools/analysis/visualize_mst.py``'s picture of the first global crops (input,
+    teacher attention, guided and random masks, reconstruction) to the visualizer backends.
 
     Args:
         interval (int): Iterations between pictures. Defaults to 500.

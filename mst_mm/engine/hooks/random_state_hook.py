@@ -1,5 +1,5 @@
-"""Random number generator states in the checkpoint, so that a resumed run is exact, and a
-random stream of its own on every rank."""
+"""Every rank's random generator states in the checkpoint, for an exact resume, and a random
+stream of its own on every rank."""
 import random
 from typing import List, Optional
 
@@ -22,15 +22,8 @@ def get_rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    """Put back states that :func:`get_rng_state` returned.
-
-    The torch and CUDA setters take CPU byte tensors only, but ``Runner.resume`` loads
-    checkpoints with a ``map_location`` (a GPU, by default on GPU machines) that moves every
-    saved tensor, these states included: each is brought back to the CPU as bytes first.
-
-    Args:
-        state (dict): ``torch``, ``numpy``, ``python`` and optionally ``cuda`` states.
-    """
+    """Put back :func:`get_rng_state`'s states, as CPU bytes: ``Runner.resume`` may map them
+    to a GPU, and the torch and CUDA setters take CPU byte tensors only."""
     torch.set_rng_state(_cpu_bytes(state['torch']))
     np.random.set_state(state['numpy'])
     random.setstate(state['python'])
@@ -45,15 +38,8 @@ def _cpu_bytes(tensor: torch.Tensor) -> torch.Tensor:
 def seed_rank(seed: int, rank: int, iteration: int) -> None:
     """Seed torch (CUDA included), numpy and Python from ``(seed, rank, iteration)``.
 
-    numpy's ``SeedSequence`` hashes the three numbers, so that nearby seeds, ranks and
-    iterations still give unrelated streams (``seed + rank`` would hand rank 1 of seed 0
-    the stream of rank 0 of seed 1). The iteration keeps a rank whose state could not be
-    restored on resume from replaying the stream it began the training with.
-
-    Args:
-        seed (int): The run's seed (``runner.seed``).
-        rank (int): The process's rank.
-        iteration (int): The iteration training starts from.
+    Hashed by ``SeedSequence``, as ``seed + rank`` would give rank 1 of seed 0 the stream of
+    rank 0 of seed 1; the iteration keeps a resumed rank without its state from replaying.
     """
     words = np.random.SeedSequence([seed % 2**64, rank, iteration]).generate_state(3)
     torch.manual_seed(int(words[0]))
@@ -73,38 +59,13 @@ def _same_state(a: dict, b: dict) -> bool:
 
 @HOOKS.register_module()
 class RandomStateHook(Hook):
-    """Gives every rank a random stream of its own, saves every rank's torch, CUDA, numpy and
-    Python RNG states with each checkpoint and puts each rank's back on resume.
+    """Gives every rank a random stream of its own and saves every rank's torch, CUDA, numpy
+    and Python RNG states with each checkpoint; on resume each rank restores its own.
 
-    Per-rank streams. mmengine seeds every rank alike (``diff_rank_seed=False``), so without
-    this the crops, flips and jitter of data worker ``w``, the student's random masks and
-    drop-path would be the same on every rank: N ranks would see one rank's randomness N
-    times. mmengine's ``diff_rank_seed=True`` would give per-rank streams too (the Runner
-    broadcasts rank 0's parameters and buffers after ``init_weights``, so the weights would
-    still agree); the seeding lives here because this hook must restore or re-seed every
-    rank on resume anyway. The ranks share the seed until the weights exist, and at
-    ``before_train`` every rank but 0 re-seeds from ``(seed, rank, iteration)``. Rank 0
-    keeps its stream so that a single-process run draws what it always drew. The samplers
-    shuffle with their own generators, seeded alike on all ranks, and stay in step.
-
-    Exact resume. mmengine's checkpoints carry the seed but not the generators' states, so
-    after a resume drop-path, the masks and the data workers' seeds (each epoch's workers are
-    seeded from torch's generator) would follow a different stream than the uninterrupted
-    run. ``Runner.save_checkpoint`` runs on rank 0 only (``master_only``), so
-    ``before_save_checkpoint`` cannot collect the other ranks' states: every rank sends its
-    states to rank 0 at the end of each epoch (and of each iteration when a
-    ``CheckpointHook`` saves by iterations), just before ``CheckpointHook`` saves - hence
-    this hook's priority, between ``LOW`` and ``VERY_LOW`` - and the checkpoint stores one
-    state per rank. On resume each rank restores its own at ``before_train``, after
-    everything the Runner does while resuming (it re-seeds); only ``CheckpointHook``'s
-    ``before_train``, which draws nothing, comes later. With ``persistent_workers=True`` the
-    workers outlive epochs and their streams cannot be restored: use
-    ``worker_init_fn=dict(type='worker_init_from_torch_seed')`` with
-    ``persistent_workers=False`` for an exact resume (the configs here do).
-
-    A checkpoint written before states were saved per rank holds rank 0's only, and a run
-    resumed on a different number of ranks finds too few or too many: the ranks without a
-    state of their own start new streams, with a warning that the resumed run is not exact.
+    mmengine seeds all ranks alike (``diff_rank_seed=False``) and saves no generator states,
+    so ranks would repeat each other's randomness and a resumed run would not be exact.
+    ``Runner.save_checkpoint`` runs on rank 0 only, so every rank sends its states to rank 0
+    just before ``CheckpointHook`` saves (hence the priority). See docs/reliability.md.
     """
 
     priority = 80  # after ParamSchedulerHook (LOW), before CheckpointHook (VERY_LOW)
@@ -151,13 +112,13 @@ class RandomStateHook(Hook):
             isinstance(hook, CheckpointHook)
             and not (hook.by_epoch and getattr(hook, 'latest_by_epoch', True))
             for hook in runner.hooks)
+        # Restored here, after the Runner's resume, which re-seeds.
         if self._pending is not None:
             state, self._pending = self._pending, None
             set_rng_state(state)
             return
         rank = get_rank()
-        # Rank 0 of a fresh run keeps the stream it was seeded with; on a resume without its
-        # saved state it must not replay the original run's stream from iteration 0 either.
+        # A fresh run's rank 0 keeps its stream; a resume without its state must not replay it.
         if rank != 0 or self._resumed:
             seed_rank(runner.seed, rank, runner.iter)
 

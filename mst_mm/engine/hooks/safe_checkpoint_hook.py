@@ -1,5 +1,5 @@
 """Checkpoints that a kill during the save cannot take away, in a work dir that can move,
-and a rolling latest checkpoint so that a pre-emption costs at most one epoch."""
+and a rolling ``latest.pth`` so that a pre-emption costs at most one epoch."""
 import logging
 import os
 import os.path as osp
@@ -26,49 +26,19 @@ def _replace_atomically(tmp_path: str, path: str) -> None:
 
 @HOOKS.register_module()
 class SafeCheckpointHook(CheckpointHook):
-    """mmengine's ``CheckpointHook`` with a save that a pre-emption cannot corrupt.
+    """mmengine's ``CheckpointHook`` with a save that a kill cannot corrupt, a
+    ``last_checkpoint`` relative to the work dir, and a rolling ``latest.pth``.
 
-    mmengine 0.10.7 deletes the outdated checkpoint *before* writing the new one, writes the
-    new one in place, and then points ``last_checkpoint`` at it. A job killed during the
-    write (a pre-emption, a full disk) therefore leaves a truncated ``epoch_N.pth`` and,
-    with ``max_keep_ckpts=1``, no good checkpoint at all. Here, on a local disk:
-
-    1. the checkpoint is written to a hidden ``.epoch_N.pth.partial`` and fsync'ed;
-    2. it is renamed to ``epoch_N.pth`` (atomic), then ``last_checkpoint`` is rewritten the
-       same way, so the resume pointer never names a partial file;
-    3. only then is the outdated checkpoint deleted.
-
-    A checkpoint name that exists already from an earlier attempt (a run resumed from an
-    older checkpoint saves those epochs again) is not written over: the earlier file is
-    renamed to ``epoch_N.pth.previous`` first.
-
-    ``last_checkpoint`` holds the path relative to the work dir, so a moved or copied work
-    dir resumes from its own checkpoints; auto-resume reads it (and older absolute pointers)
-    through :func:`mst_mm.engine.resume.find_resume_checkpoint`, also when the Runner is
-    used without ``tools/train.py``.
-
-    Rolling latest checkpoint. Besides the kept checkpoints (every ``interval`` epochs,
-    ``max_keep_ckpts`` of them), ``latest.pth`` is rewritten every ``latest_interval``
-    epochs (or iterations, with ``latest_by_epoch=False``), the same safe way, and
-    ``last_checkpoint`` points at it, so ``--resume`` continues from the newest state and a
-    pre-emption costs at most ``latest_interval`` epochs instead of ``interval``. DINO
-    rewrites its ``checkpoint.pth`` every epoch for the same reason. At a step that saves a
-    kept checkpoint anyway, no latest one is written, and the now older ``latest.pth`` is
-    deleted once the kept one is in place: there is one newest state, under one name. It
-    is not counted in ``max_keep_ckpts``. A ``latest.pth`` that this run did not resume
-    from (an earlier attempt's, one that auto-resume skipped as unusable) is kept aside as
-    ``latest.pth.previous`` before the first rewrite, never written over.
-
-    Other storage backends keep mmengine's behaviour, without the rolling checkpoint.
+    mmengine 0.10.7 deletes the outdated checkpoint before writing the new one in place, so a
+    kill mid-save can leave no usable checkpoint. On other storage than a local disk this is
+    mmengine's hook. See docs/reliability.md and docs/checkpoints_logs_and_tools.md.
 
     Args:
-        latest_interval (int): Rewrite ``latest.pth`` every this many epochs (or
-            iterations); 0 turns the rolling checkpoint off. Defaults to 1.
-        latest_by_epoch (bool, optional): Count ``latest_interval`` in epochs (True) or
-            iterations (False). Iterations need a train loop that resumes in the middle of
-            an epoch (``IterBasedTrainLoop``, or ``MidEpochResumeTrainLoop`` for epoch-based
-            configs, as the MST schedules use). Defaults to None, the hook's ``by_epoch``.
-        latest_filename (str): The rolling checkpoint's name. Defaults to ``'latest.pth'``.
+        latest_interval (int): Rewrite ``latest.pth`` every this many epochs (or iterations);
+            0 turns the rolling checkpoint off.
+        latest_by_epoch (bool, optional): Count ``latest_interval`` in epochs or iterations
+            (these need ``MidEpochResumeTrainLoop``). None: the hook's ``by_epoch``.
+        latest_filename (str): The rolling checkpoint's name.
         *args, **kwargs: ``CheckpointHook``'s arguments.
     """
 
@@ -85,35 +55,23 @@ class SafeCheckpointHook(CheckpointHook):
         self.latest_interval = latest_interval
         self.latest_by_epoch = self.by_epoch if latest_by_epoch is None else latest_by_epoch
         self.latest_filename = latest_filename
-        # The checkpoints saved by this process, which it may replace (a best-checkpoint
-        # update saves the same step twice); any other existing file is kept aside.
+        # Files this process wrote and may replace; any other existing file is kept aside.
         self._written = set()
         # Completed iterations at the last save of either kind: a step is saved once.
         self._saved_at_iter: Optional[int] = None
 
     def before_run(self, runner) -> None:
-        """Resolve auto-resume's ``last_checkpoint`` in the work dir.
-
-        Args:
-            runner (Runner): The runner.
-        """
+        """Resolve auto-resume's ``last_checkpoint`` in the work dir."""
         super().before_run(runner)
-        # mmengine's auto-resume would read the pointer relative to the current directory.
-        # tools/train.py resolves it before building the Runner; this covers direct use.
+        # mmengine would read the pointer from the cwd; tools/train.py does this itself.
         if getattr(runner, '_resume', False) and getattr(runner, '_load_from', None) is None:
             runner._load_from = find_resume_checkpoint(runner.work_dir)
 
     def before_train(self, runner) -> None:
-        """mmengine's set-up, then keep a resumed best checkpoint's path in this work dir.
-
-        Args:
-            runner (Runner): The runner.
-        """
+        """mmengine's set-up, then keep a resumed best checkpoint's path in this work dir."""
         super().before_train(runner)
         self._check_loop_resumes_mid_epoch(runner)
-        # The best checkpoint's path comes from the resumed message hub. In a copied work
-        # dir it names the original's file, which mmengine would delete when a new best
-        # arrives: point it at the same-named file here instead.
+        # Else a copied work dir's new best would delete the original's best checkpoint.
         if getattr(self, 'best_ckpt_path', None):
             self.best_ckpt_path = self._rebased(self.best_ckpt_path)
         for key, path in getattr(self, 'best_ckpt_path_dict', {}).items():
@@ -121,8 +79,7 @@ class SafeCheckpointHook(CheckpointHook):
                 self.best_ckpt_path_dict[key] = self._rebased(path)
 
     def _check_loop_resumes_mid_epoch(self, runner) -> None:
-        # A checkpoint saved inside an epoch is only worth writing if the loop can resume
-        # from it; mmengine's EpochBasedTrainLoop would train that epoch again from its start.
+        # mmengine's EpochBasedTrainLoop would train a mid-epoch checkpoint's epoch again.
         from mmengine.runner import EpochBasedTrainLoop
 
         from ..loops import MidEpochResumeTrainLoop
@@ -140,9 +97,7 @@ class SafeCheckpointHook(CheckpointHook):
                 '(default_hooks.checkpoint.latest_by_epoch=True).')
 
     def _keep_earlier_file(self, path: str) -> None:
-        # A run that resumed from an earlier checkpoint (by choice, or because auto-resume
-        # skipped an unusable one) saves epochs that exist already; mmengine would write
-        # over them. The earlier file is renamed aside instead, never lost.
+        # A run resumed from an earlier checkpoint saves existing epochs again: move them aside.
         if not osp.exists(path) or path in self._written:
             return
         kept, n = f'{path}.previous', 1
@@ -164,25 +119,14 @@ class SafeCheckpointHook(CheckpointHook):
         return path
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        """mmengine's saving by iterations, then the rolling checkpoint if it counts them.
-
-        Args:
-            runner (Runner): The runner.
-            batch_idx (int): The batch's index in the epoch.
-            data_batch (dict | tuple | list, optional): The batch.
-            outputs (dict, optional): The model's outputs.
-        """
+        """mmengine's saving by iterations, then the rolling checkpoint if it counts them."""
         super().after_train_iter(runner, batch_idx, data_batch, outputs)
         if (self._rolls() and not self.latest_by_epoch
                 and self.every_n_train_iters(runner, self.latest_interval)):
             self._save_latest(runner, dict(epoch=runner.epoch, iter=runner.iter + 1))
 
     def after_train_epoch(self, runner) -> None:
-        """mmengine's saving by epochs, then the rolling checkpoint if it counts epochs.
-
-        Args:
-            runner (Runner): The runner.
-        """
+        """mmengine's saving by epochs, then the rolling checkpoint if it counts epochs."""
         super().after_train_epoch(runner)
         if (self._rolls() and self.latest_by_epoch
                 and self.every_n_epochs(runner, self.latest_interval)):
@@ -195,8 +139,7 @@ class SafeCheckpointHook(CheckpointHook):
         if not isinstance(self.file_backend, LocalBackend):
             return super()._save_checkpoint_with_step(runner, step, meta)
         outdated = None
-        # The bookkeeping is mmengine's (the list is saved inside the checkpoint); only the
-        # deletion waits until the new file is in place.
+        # mmengine's bookkeeping (saved in the checkpoint); only the deletion waits.
         if self.max_keep_ckpts > 0 and not (self.keep_ckpt_ids
                                             and self.keep_ckpt_ids[-1] == step):
             if len(self.keep_ckpt_ids) == self.max_keep_ckpts:
@@ -236,11 +179,7 @@ class SafeCheckpointHook(CheckpointHook):
         self._write_safely(runner, self.latest_filename, meta)
 
     def _write_safely(self, runner, filename: str, meta: dict) -> bool:
-        """Write ``filename`` in ``out_dir`` through a partial file, then point at it.
-
-        Returns:
-            bool: True on the main process, which owns the files; False elsewhere.
-        """
+        """Write ``filename`` through a partial file, then point at it; True on the main process."""
         partial = f'.{filename}.partial'
         runner.save_checkpoint(
             self.out_dir, partial, self.file_client_args, save_optimizer=self.save_optimizer,

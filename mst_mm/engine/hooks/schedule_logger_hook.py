@@ -10,19 +10,8 @@ from .dino_schedule_hooks import unwrap
 
 
 def ema_momentum(ema: BaseAveragedModel, steps: int) -> float:
-    """The weight of the *new* value in the EMA update at ``steps`` (mmengine convention).
-
-    The EMA's own ``avg_func`` is applied to a 0 average and a 1 source, which gives back
-    its momentum, so the value follows whatever rule the averaged model uses (mmpretrain's
-    ``CosineEMA`` reads ``max_iters`` from the message hub).
-
-    Args:
-        ema (BaseAveragedModel): The averaged model.
-        steps (int): The number of updates done so far.
-
-    Returns:
-        float: The momentum ``m`` in ``average = (1 - m) * average + m * source``.
-    """
+    """The momentum ``m`` in ``average = (1 - m) * average + m * source`` after ``steps``
+    updates (mmengine convention), read off the EMA's own ``avg_func`` so that any rule fits."""
     average, source = torch.zeros(()), torch.ones(())
     ema.avg_func(average, source, steps)
     return float(average)
@@ -30,21 +19,11 @@ def ema_momentum(ema: BaseAveragedModel, steps: int) -> float:
 
 @HOOKS.register_module()
 class ScheduleLoggerHook(Hook):
-    """Put the weight decay and the teacher momentum of every iteration in the logs.
+    """Log every iteration's weight decay and teacher momentum, as DINO does; mmengine logs
+    only the learning rate.
 
-    mmengine logs the learning rate of the first parameter group. MST also schedules the
-    weight decay (cosine 0.04 -> 0.4) and the teacher's EMA momentum (cosine 0.996 -> 1),
-    which DINO logs too. Before every iteration this hook writes to the message hub, and so
-    to the console, ``scalars.json`` and TensorBoard:
-
-    * ``wd``: the largest weight decay of the parameter groups, the one the decayed weights
-      get (norms, biases and the [MASK] token have none);
-    * ``teacher_momentum``: the weight of the *old* teacher in this iteration's EMA update,
-      DINO's convention (``1 - m`` of mmengine's ``momentum`` ``m``), if the model has an
-      EMA teacher.
-
-    Args:
-        None.
+    ``wd`` is the largest group's weight decay (the decayed weights'); ``teacher_momentum`` is
+    the old teacher's weight in the EMA update, DINO's ``1 - m`` of mmengine's ``m``.
     """
 
     priority = 'NORMAL'
@@ -53,22 +32,11 @@ class ScheduleLoggerHook(Hook):
         self._ema: Optional[BaseAveragedModel] = None
 
     def before_train(self, runner) -> None:
-        """Find the model's EMA teacher, if it has one.
-
-        Args:
-            runner (Runner): The runner.
-        """
+        """Find the model's EMA teacher, if it has one."""
         self._ema = next((m for m in unwrap(runner.model).modules()
                           if isinstance(m, BaseAveragedModel)), None)
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
-        """Log this iteration's weight decay and teacher momentum.
-
-        Args:
-            runner (Runner): The runner.
-            batch_idx (int): The batch's index in the epoch.
-            data_batch (dict | tuple | list, optional): The batch.
-        """
         decays = [group.get('weight_decay', 0.0) for group in
                   _param_groups(runner.optim_wrapper)]
         if decays:

@@ -10,23 +10,17 @@ from mmengine.registry import OPTIM_WRAPPERS
 
 
 class DINOGradientRulesMixin:
-    r"""Per-parameter gradient clipping and frozen parameters, applied before every update.
+    r"""DINO's per-parameter gradient clipping and frozen parameters, before every update.
 
-    *Per-parameter clipping* (``clip_grad=dict(type='per_param', max_norm=c)``) is DINO's
-    ``clip_gradients``: every parameter's gradient is scaled on its own,
+    mmengine clips only by the global norm (``type='norm'``) or by value. Per-parameter
+    clipping (``clip_grad=dict(type='per_param', max_norm=c)``, DINO's ``clip_gradients``)
+    logs ``train/grad_norm`` (pre-clip) and ``train/grad_clipped_ratio``:
 
     .. math::
-        g_p \leftarrow g_p \cdot \min\Big(1, \frac{c}{\lVert g_p\rVert_2 + 10^{-6}}\Big),
+        g_p \leftarrow g_p \cdot \min\Big(1, \frac{c}{\lVert g_p\rVert_2 + 10^{-6}}\Big).
 
-    so a tensor is touched only when its own norm passes ``c``. mmengine's ``type='norm'``
-    (one factor from the global norm of all gradients) and ``type='value'`` stay available.
-    The pre-clip global norm goes to ``train/grad_norm``, as mmengine logs it, and the share
-    of clipped tensors to ``train/grad_clipped_ratio``.
-
-    *Frozen parameters* (:meth:`freeze`) get their gradient set to None after backward and
-    before clipping and the update, so the optimiser skips them entirely (no step, no weight
-    decay), as DINO's ``cancel_gradients_last_layer`` does. The gradient still flows through
-    them during backward, so DDP needs no ``find_unused_parameters``.
+    Frozen parameters (:meth:`freeze`) lose their gradient after backward, so they get no
+    step and no decay, while DDP needs no ``find_unused_parameters``.
     """
 
     def __init__(self, *args, clip_grad: Optional[dict] = None, **kwargs) -> None:
@@ -91,9 +85,8 @@ class DINOOptimWrapper(DINOGradientRulesMixin, OptimWrapper):
 
 @OPTIM_WRAPPERS.register_module()
 class DINOAmpOptimWrapper(DINOGradientRulesMixin, AmpOptimWrapper):
-    """mmengine's ``AmpOptimWrapper`` with DINO's gradient rules; what ``--amp`` selects for
-    :class:`DINOOptimWrapper`. Gradients are unscaled before they are clipped, as in DINO's
-    fp16 path.
+    """mmengine's ``AmpOptimWrapper`` with DINO's gradient rules, unscaling before clipping;
+    what ``--amp`` selects for :class:`DINOOptimWrapper`.
 
     Args:
         optimizer (Optimizer): The wrapped optimiser.
