@@ -185,22 +185,25 @@ def load_variants(config: str, decoder_channels: Optional[List[int]] = None,
     if decoder_channels:
         mst.model.decoder_head.channels = tuple(decoder_channels)
     if num_local_crops is not None:
-        for step in mst.train_dataloader.dataset.pipeline:
-            if step['type'] == 'MultiCrop':
-                step['num_local_crops'] = num_local_crops
+        multicrop_step(mst)['num_local_crops'] = num_local_crops
     dino = copy.deepcopy(mst)
     dino.merge_from_dict(dict(model=DINO_OVERRIDES))
     return dict(dino=dino, mst=mst)
+
+
+def multicrop_step(cfg: Config) -> dict:
+    """The MultiCrop step of the config's train pipeline (the dict itself, to edit)."""
+    for step in cfg.train_dataloader.dataset.pipeline:
+        if step['type'] == 'MultiCrop':
+            return step
+    raise ValueError('The config\'s train pipeline has no MultiCrop.')
 
 
 def crop_settings(cfg: Config) -> dict:
     """global_size / local_size / num_local_crops of the config's MultiCrop."""
     from mst_mm.datasets import MultiCrop
     defaults = {k: p.default for k, p in inspect.signature(MultiCrop).parameters.items()}
-    for step in cfg.train_dataloader.dataset.pipeline:
-        if step['type'] == 'MultiCrop':
-            return {**defaults, **{k: v for k, v in step.items() if k != 'type'}}
-    raise ValueError('The config\'s train pipeline has no MultiCrop.')
+    return {**defaults, **{k: v for k, v in multicrop_step(cfg).items() if k != 'type'}}
 
 
 def synthetic_batch(cfg: Config, batch_size: int, seed: int = 0, device: str = 'cpu') -> dict:
@@ -519,6 +522,11 @@ def normalised_crops(cfg: Config, batch: dict, device: str) -> List[torch.Tensor
         return preprocessor(batch, training=True)['inputs']
 
 
+def _median_range(spread: dict) -> str:
+    """'median (min-max)' of a :func:`_spread` result, in seconds."""
+    return f'{spread["median"]:.3f} ({spread["min"]:.3f}-{spread["max"]:.3f})'
+
+
 def _spread(times: List[float]) -> dict:
     median = statistics.median(times)
     return dict(median=median, min=min(times), max=max(times),
@@ -769,11 +777,10 @@ def print_table(results: dict) -> None:
         memory = r.get('peak_memory_mib', {})
         mem = ' / '.join(f'{memory[v]:.0f}' for v in ('dino', 'mst')) if memory else 'n/a'
         share = f'{r["decoder_share"]:.1%}' if 'decoder_share' in r else 'n/a'
-        dino, mst = r['step_spread']['dino'], r['step_spread']['mst']
         low, high = r['step_ratio_range_over_repetitions']
         print(f'| {name} | {r["batch_size"]} '
-              f'| {dino["median"]:.3f} ({dino["min"]:.3f}-{dino["max"]:.3f}) '
-              f'| {mst["median"]:.3f} ({mst["min"]:.3f}-{mst["max"]:.3f}) '
+              f'| {_median_range(r["step_spread"]["dino"])} '
+              f'| {_median_range(r["step_spread"]["mst"])} '
               f'| {r["step_ratio"]:.3f} ({low:.3f}-{high:.3f}) '
               f'| {r["attention_ratio"]:.3f} | {share} '
               f'| {pipe["mmpretrain_default"]:.1f} -> {pipe["mst_mm"]:.1f} '
@@ -792,8 +799,7 @@ def print_reference_table(results: dict) -> None:
         for step in STEP_NAMES:
             spread = r['step_spread'][step]
             mem = f'{memory[step]:.0f}' if step in memory else 'n/a'
-            print(f'| {step} | {spread["median"]:.3f} ({spread["min"]:.3f}-{spread["max"]:.3f}) '
-                  f'| {speeds[step]:.3f} | {mem} |')
+            print(f'| {step} | {_median_range(spread)} | {speeds[step]:.3f} | {mem} |')
         ranges = r['ratio_range_over_repetitions']
         for label, key, range_key in (
                 ('our DINO mode, speed against the reference', 'dino_mode_speed_vs_reference',
@@ -808,9 +814,7 @@ def print_reference_table(results: dict) -> None:
                   '| DINO mode speed | MST speed | MST / DINO mode |')
             print('|' + ' --- |' * 8)
             for p in r['scaling']:
-                cells = ' | '.join(
-                    f'{p["step_spread"][s]["median"]:.3f} ({p["step_spread"][s]["min"]:.3f}-'
-                    f'{p["step_spread"][s]["max"]:.3f})' for s in STEP_NAMES)
+                cells = ' | '.join(_median_range(p['step_spread'][s]) for s in STEP_NAMES)
                 print(f'| {p["batch_size"]} | {p["num_local_crops"]} | {cells} '
                       f'| {p["dino_mode_speed_vs_reference"]:.3f} '
                       f'| {p["mst_speed_vs_reference"]:.3f} | {p["mst_over_dino_mode"]:.3f} |')
