@@ -5,8 +5,10 @@ and is a sane number.
 """
 import json
 import math
+import re
 
 import pytest
+import torch
 from mmengine.config import Config
 
 from tests.helpers import REPO, load_tool
@@ -203,17 +205,27 @@ def test_reference_dino_option_times_the_three_steps_from_the_clone(tool, tmp_pa
 
     calls = (clone / 'calls.txt').read_text().splitlines()
     # Built with the config's K, crops and temperatures; one step per warm-up and timed
-    # repetition here, plus two in the memory probe; each step clips and cancels.
+    # repetition here, one whose operations are counted, plus two in the memory probe; each
+    # step clips and cancels.
     head = Config.fromfile(str(REPO / config)).model.head
     assert calls[0] == f'loss_init 1024 6 {head.teacher_temp} {head.student_temp}'
     steps = [c for c in calls if c.startswith('loss ')]
-    assert len(steps) == 1 + 2 + 2
+    assert len(steps) == 1 + 2 + 1 + 2
     assert steps[0] == 'loss (12, 1024) (4, 1024) 1'   # 6 crops x 2 images; 2 global x 2
     assert calls.count('clip 3.0') == len(steps) and calls.count('cancel 0 0') == len(steps)
+    flops = result['gflops_per_image']
+    assert flops['reference_dino'] > 0 and flops['mst'] > flops['dino_mode'] > 0  # + decoder
+    for name, images in result['images_per_second'].items():
+        assert math.isclose(images, 2 / seconds[name])
     printed = capsys.readouterr().out
     assert '| reference_dino |' in printed and 'MST / DINO mode' in printed
     assert 'our DINO mode, speed against the reference' in printed
-    assert 'verdict' in json.loads(out.read_text())
+    saved = json.loads(out.read_text())
+    row = tool.reference_summary_row(saved, config)
+    assert f'{config}: {row}' in printed
+    low, high = result['ratio_range_over_repetitions']['mst_over_dino_mode']
+    assert row.startswith('| 1 | ') and f'{result["mst_over_dino_mode"]:.3f} ({low:.3f}-' in row
+    assert row.endswith(' | quiet |' if saved['verdict']['quiet'] else ' | NOISY |')
 
 
 def test_scaling_times_the_three_steps_at_every_batch_and_local_crop_count(tool, tmp_path,
@@ -242,6 +254,13 @@ def test_scaling_times_the_three_steps_at_every_batch_and_local_crop_count(tool,
     assert isinstance(saved['verdict']['quiet'], bool)
 
 
+def test_flops_of_counts_forward_and_backward_of_a_step(tool):
+    x = torch.randn(8, 32)
+    weight = torch.randn(16, 32, requires_grad=True)
+    # forward 2*8*32*16; backward: the weight's gradient only (x needs none), as much again
+    assert tool.flops_of(lambda: (x @ weight.t()).sum().backward()) == 2 * (2 * 8 * 32 * 16)
+
+
 def test_reference_dino_option_names_what_the_folder_lacks(tool, tmp_path):
     (tmp_path / 'main_dino.py').write_text('')
     with pytest.raises(FileNotFoundError, match='lacks utils.py, vision_transformer.py'):
@@ -260,3 +279,20 @@ def test_every_option_has_a_help_text(tool):
     undocumented = [a.dest for a in parser_actions
                     if a.help is None and a.dest not in ('help',)]
     assert undocumented == []
+
+
+def test_published_speed_figures_are_the_committed_quiet_runs(tool):
+    """docs/benchmarks.md quotes each committed run as the tool prints it, and nothing else."""
+    doc = (REPO / 'docs' / 'benchmarks.md').read_text()
+    runs = sorted((REPO / 'docs' / 'results' / 'benchmarks').glob('*.json'))
+    linked = set(re.findall(r'\(results/benchmarks/([\w.-]+)\.json\)', doc))
+    assert linked == {run.stem for run in runs}
+    for run in runs:
+        results = json.loads(run.read_text())
+        assert results['verdict']['quiet'], f'{run.name} is a noisy run'
+        assert not results['commit'].endswith('+dirty'), f'{run.name} timed uncommitted code'
+        for name, result in results['models'].items():
+            row = tool.reference_summary_row(results, name)
+            assert f'| [{run.stem}](results/benchmarks/{run.stem}.json) {row}' in doc
+            if 'scaling' in result:
+                assert '\n'.join(tool.scaling_rows(result)) in doc

@@ -9,7 +9,10 @@
 #      and bfloat16), an --amp run that saves, resumes and continues, tools/dist_train.sh on
 #      1 and 2 GPUs with NCCL and SyncBN, the fused attention kernels, device-resident masks,
 #      EMA and k-NN, Mask R-CNN and SETR on the GPU;
-#   2. the GPU benchmark (tools/analysis/benchmark.py --device cuda --amp).
+#   2. the GPU benchmark (tools/analysis/benchmark.py --device cuda --amp);
+#   3. with DINO_DIR=/path/to/a/facebookresearch/dino/clone: our DeiT-S step against DINO's
+#      at batch 64 with AMP on both sides (images/s, FLOP per image, peak memory, and the
+#      MFU when PEAK_TFLOPS gives the GPU's dense bf16/fp16 peak, e.g. 989 for an H100/H200).
 # On a machine where torch sees no CUDA device it says so and exits 0.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -62,6 +65,16 @@ echo >> "$REPORT"
 echo '```' >> "$REPORT"
 tail -n 40 "$OUT/benchmark.log" >> "$REPORT"
 echo '```' >> "$REPORT"
+
+if [ -n "${DINO_DIR:-}" ]; then
+    step "GPU benchmark against DINO" reference.log \
+        "$PYTHON" tools/analysis/benchmark.py --reference-dino "$DINO_DIR" --models deit-s \
+        --batch-size 64 --device cuda --amp ${PEAK_TFLOPS:+--peak-tflops "$PEAK_TFLOPS"} \
+        --out "$OUT/reference.json"
+    echo '```' >> "$REPORT"
+    tail -n 30 "$OUT/reference.log" >> "$REPORT"
+    echo '```' >> "$REPORT"
+fi
 
 echo "check_gpu: report in $REPORT"
 exit $status

@@ -37,7 +37,11 @@ mask and decoder off) and our MST step on the same crops; with AMP on both sides
 three steps, our speed against the reference's (reference seconds / ours) for both, MST /
 DINO mode, the spread of every figure, and the peak memory (e) of each step. ``--scaling``
 adds the three steps at batch 4, 8 and 16 (8 local crops) and at 0, 2 and 8 local crops
-(batch 4): whether our overhead grows with the work.
+(batch 4): whether our overhead grows with the work. Each step's floating-point operations
+are counted once (``torch.utils.flop_counter``: matrix products, convolutions and attention,
+forward and backward) and reported per image with images per second; with
+``--peak-tflops`` (the device's dense peak for the step's precision) also the model FLOP
+utilisation, MFU = images/s x FLOP per image / peak.
 
 A figure is only as good as the machine was quiet. Every run ends with a verdict
 (``quiet`` in the JSON, and a last line saying whether the figures may be published): quiet
@@ -134,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help='with --reference-dino: also time the three steps at batch 4, 8 '
                         'and 16 (8 local crops) and at 0, 2 and 8 local crops (batch 4), to '
                         'show how each grows with the work')
+    parser.add_argument('--peak-tflops', type=float, default=None,
+                        help="with --reference-dino: the device's dense peak in TFLOP/s for "
+                        'the precision used (e.g. 989 for an H100/H200 in bf16/fp16), to '
+                        'report the model FLOP utilisation of each step')
     parser.add_argument('--skip-memory', action='store_true',
                         help='skip the peak-memory probes (e)')
     parser.add_argument('--out', default='work_dirs/benchmark/benchmark.json',
@@ -333,6 +341,15 @@ def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, wa
 
 
 # ---------------------------------------------------------------- the reference DINO step
+
+def flops_of(fn: Callable[[], None]) -> int:
+    """Floating-point operations of one call of ``fn`` (forward and backward), counted."""
+    from torch.utils.flop_counter import FlopCounterMode
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn()
+    return counter.get_total_flops()
+
 
 def import_reference_dino(folder: str) -> dict:
     """Import ``main_dino``, ``utils`` and ``vision_transformer`` from a DINO clone.
@@ -555,6 +572,8 @@ def compare_with_reference(config: str, dino_dir: str, batch_size: int, repeats:
                               repeats, warmup, device, cpu_times)
     seconds = {name: statistics.median(t) for name, t in times.items()}
     cpu = {name: statistics.median(t) for name, t in cpu_times.items()}
+    flops = dict(reference_dino=flops_of(lambda: reference(normalised)),
+                 **{name: flops_of(our_step(name)) for name in ours})
     per_rep = {  # ratios inside each repetition: the noise of the ratios themselves
         'dino_mode_speed': [r / d for r, d in zip(times['reference_dino'], times['dino_mode'])],
         'mst_speed': [r / m for r, m in zip(times['reference_dino'], times['mst'])],
@@ -566,6 +585,8 @@ def compare_with_reference(config: str, dino_dir: str, batch_size: int, repeats:
               f'{crops["local_size"]} px',
         out_channels=variants['mst'].model.neck.get('out_channels'),
         step_seconds=seconds,
+        images_per_second={name: batch_size / s for name, s in seconds.items()},
+        gflops_per_image={name: f / batch_size / 1e9 for name, f in flops.items()},
         step_spread={name: _spread(t) for name, t in times.items()},
         # speed against the reference: reference seconds / our seconds (> 1: we are faster)
         dino_mode_speed_vs_reference=seconds['reference_dino'] / seconds['dino_mode'],
@@ -787,19 +808,58 @@ def print_table(results: dict) -> None:
               f'(x{r["pipeline"]["speedup"]:.2f}) | {mem} |')
 
 
+def scaling_rows(result: dict) -> List[str]:
+    """The ``--scaling`` table of one model's result, header included (markdown lines)."""
+    rows = ['| batch | local crops | reference | ours, DINO mode | ours, MST '
+            '| DINO mode speed | MST speed | MST / DINO mode |', '|' + ' --- |' * 8]
+    for p in result['scaling']:
+        cells = ' | '.join(_median_range(p['step_spread'][s]) for s in STEP_NAMES)
+        rows.append(f'| {p["batch_size"]} | {p["num_local_crops"]} | {cells} '
+                    f'| {p["dino_mode_speed_vs_reference"]:.3f} '
+                    f'| {p["mst_speed_vs_reference"]:.3f} | {p["mst_over_dino_mode"]:.3f} |')
+    return rows
+
+
+def reference_summary_row(results: dict, name: str) -> str:
+    """One ``--reference-dino`` run as a row of docs/benchmarks.md's results table.
+
+    Columns: torch threads | DINO mode speed | MST speed | MST / DINO mode (each the median
+    with its range over the repetitions) | peak MiB reference / DINO mode / MST | verdict.
+    """
+    r = results['models'][name]
+    ranges = r['ratio_range_over_repetitions']
+    cells = [str(results['machine']['torch_threads'])]
+    for key, range_key in (('dino_mode_speed_vs_reference', 'dino_mode_speed'),
+                           ('mst_speed_vs_reference', 'mst_speed'),
+                           ('mst_over_dino_mode', 'mst_over_dino_mode')):
+        low, high = ranges[range_key]
+        cells.append(f'{r[key]:.3f} ({low:.3f}-{high:.3f})')
+    memory = r.get('peak_memory_mib')
+    cells.append(' / '.join(f'{memory[s]:.0f}' for s in STEP_NAMES) if memory else 'n/a')
+    cells.append('quiet' if results['verdict']['quiet'] else 'NOISY')
+    return '| ' + ' | '.join(cells) + ' |'
+
+
 def print_reference_table(results: dict) -> None:
     for name, r in results['models'].items():
         memory = r.get('peak_memory_mib', {})
         print(f'\n[{name}] batch {r["batch_size"]}, {r["crops"]}, K = {r["out_channels"]}, '
               f'AMP {"on" if r["amp"] else "off"}, median of {results["repeats"]}')
-        print('| step | seconds (min-max) | speed against the reference | peak MiB |')
-        print('| --- | --- | --- | --- |')
+        peak = results.get('peak_tflops')
+        print('| step | seconds (min-max) | speed against the reference | images/s '
+              '| GFLOP per image | MFU | peak MiB |')
+        print('|' + ' --- |' * 7)
         speeds = dict(reference_dino=1.0, dino_mode=r['dino_mode_speed_vs_reference'],
                       mst=r['mst_speed_vs_reference'])
         for step in STEP_NAMES:
             spread = r['step_spread'][step]
             mem = f'{memory[step]:.0f}' if step in memory else 'n/a'
-            print(f'| {step} | {_median_range(spread)} | {speeds[step]:.3f} | {mem} |')
+            images, gflop = r['images_per_second'][step], r['gflops_per_image'][step]
+            mfu = f'{images * gflop / (peak * 1e3):.1%}' if peak else 'n/a'
+            print(f'| {step} | {_median_range(spread)} | {speeds[step]:.3f} | {images:.1f} '
+                  f'| {gflop:.1f} | {mfu} | {mem} |')
+        if peak:
+            print(f'MFU against a peak of {peak:g} TFLOP/s (--peak-tflops)')
         ranges = r['ratio_range_over_repetitions']
         for label, key, range_key in (
                 ('our DINO mode, speed against the reference', 'dino_mode_speed_vs_reference',
@@ -810,14 +870,7 @@ def print_reference_table(results: dict) -> None:
             print(f'{label}: {r[key]:.3f} (per repetition {low:.3f}-{high:.3f})')
         if 'scaling' in r:
             print('\nscaling: median seconds (min-max); speed against the reference')
-            print('| batch | local crops | reference | ours, DINO mode | ours, MST '
-                  '| DINO mode speed | MST speed | MST / DINO mode |')
-            print('|' + ' --- |' * 8)
-            for p in r['scaling']:
-                cells = ' | '.join(_median_range(p['step_spread'][s]) for s in STEP_NAMES)
-                print(f'| {p["batch_size"]} | {p["num_local_crops"]} | {cells} '
-                      f'| {p["dino_mode_speed_vs_reference"]:.3f} '
-                      f'| {p["mst_speed_vs_reference"]:.3f} | {p["mst_over_dino_mode"]:.3f} |')
+            print('\n'.join(scaling_rows(r)))
         cpu = r['cpu_seconds']
         print('process CPU seconds (all threads), median: '
               + ', '.join(f'{step} {cpu[step]:.3f}' for step in STEP_NAMES)
@@ -855,7 +908,7 @@ def _run(args: argparse.Namespace, argv) -> dict:
     load = load_per_core()
     results = dict(command='python tools/analysis/benchmark.py ' + ' '.join(
         argv if argv is not None else sys.argv[1:]), commit=git_commit(), machine=machine(),
-        device=args.device, repeats=args.repeats, models={})
+        device=args.device, repeats=args.repeats, peak_tflops=args.peak_tflops, models={})
     for name in models:
         config, _ = resolve_model(name)
         if not osp.isfile(config_path(config)):
@@ -904,6 +957,12 @@ def _run(args: argparse.Namespace, argv) -> dict:
     else:
         print_table(results)
     results['verdict'] = quiet_verdict(load, results)
+    if args.reference_dino:
+        print('\ndocs/benchmarks.md rows (threads | DINO mode speed | MST speed | MST / DINO '
+              'mode | peak MiB | verdict):')
+        for name in results['models']:
+            if 'skipped' not in results['models'][name]:
+                print(f'{name}: {reference_summary_row(results, name)}')
     if results['verdict']['quiet']:
         print(f'\nQUIET: a figure that may be published, with this command and commit '
               f'{results["commit"]}.')
