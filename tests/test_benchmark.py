@@ -259,6 +259,11 @@ def test_flops_of_counts_forward_and_backward_of_a_step(tool):
     weight = torch.randn(16, 32, requires_grad=True)
     # forward 2*8*32*16; backward: the weight's gradient only (x needs none), as much again
     assert tool.flops_of(lambda: (x @ weight.t()).sum().backward()) == 2 * (2 * 8 * 32 * 16)
+    # fused attention too: two (16 x 16 x 8) products per head forward, twice that backward
+    q = torch.randn(1, 2, 16, 8, requires_grad=True)
+    attention = torch.nn.functional.scaled_dot_product_attention
+    assert tool.flops_of(lambda: attention(q, q, q).sum().backward()) == 3 * (
+        2 * 2 * (2 * 16 * 16 * 8))
 
 
 def test_reference_dino_option_names_what_the_folder_lacks(tool, tmp_path):

@@ -343,10 +343,15 @@ def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, wa
 # ---------------------------------------------------------------- the reference DINO step
 
 def flops_of(fn: Callable[[], None]) -> int:
-    """Floating-point operations of one call of ``fn`` (forward and backward), counted."""
+    """Floating-point operations of one call of ``fn`` (forward and backward), counted.
+
+    Attention runs on the math backend here: torch's counter has no formula for the CPU's
+    fused attention kernel and would count its matrix products as zero.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
     counter = FlopCounterMode(display=False)
-    with counter:
+    with sdpa_kernel(SDPBackend.MATH), counter:
         fn()
     return counter.get_total_flops()
 
