@@ -59,25 +59,29 @@ def test_benchmark_tool_writes_every_measurement(tool, tmp_path, capsys):
     assert ('NOISY, do not publish' in printed) != verdict['quiet']
 
 
-def test_the_quiet_rule_takes_the_load_before_timing_and_the_spread_of_every_step(tool):
-    def results(*spreads):
+def test_the_quiet_rule_takes_the_load_before_timing_and_the_spread_of_every_ratio(tool):
+    def results(**times):
         return dict(models=dict(m=dict(step_spread={
-            f'step{i}': dict(spread=s) for i, s in enumerate(spreads)})))
+            step: dict(all=all_times) for step, all_times in times.items()})))
 
-    quiet = tool.quiet_verdict(0.1, results(0.02, 0.05))
+    # The machine slows by 30 % over the run, every step alike: the ratios hold, so quiet.
+    drifting = results(ref=[1.0, 1.1, 1.3], ours=[0.9, 0.99, 1.17])
+    quiet = tool.quiet_verdict(0.1, drifting)
     assert quiet['quiet'] and quiet['reasons'] == [] and quiet['load_per_core_before'] == 0.1
-    loaded = tool.quiet_verdict(0.9, results(0.02))
+    loaded = tool.quiet_verdict(0.9, drifting)
     assert not loaded['quiet'] and '0.90 per core' in loaded['reasons'][0]
-    spread = tool.quiet_verdict(0.1, results(0.02, 0.3))
-    assert spread['reasons'] == ['m step1: the repetitions spread over 30% of the median '
-                                 '(at most 10%)']
-    with_scaling = results(0.02)
-    with_scaling['models']['m']['scaling'] = [dict(batch_size=4, num_local_crops=0,
-                                                   step_spread=dict(mst=dict(spread=0.2)))]
+    # ours / ref per repetition: 0.9, 1.0, 1.2 -> (1.2 - 0.9) / 1.0 = 30 %
+    spread = tool.quiet_verdict(0.1, results(ref=[1.0, 1.0, 1.0], ours=[0.9, 1.0, 1.2]))
+    assert spread['reasons'] == ['m ours / ref: the ratio spread over 30% of its median over '
+                                 'the repetitions (at most 20%)']
+    with_scaling = results(ref=[1.0, 1.0], ours=[1.0, 1.0])
+    with_scaling['models']['m']['scaling'] = [dict(
+        batch_size=4, num_local_crops=0,
+        step_spread=dict(ref=dict(all=[1.0, 1.0, 1.0]), mst=dict(all=[1.0, 1.1, 1.25])))]
     assert tool.quiet_verdict(0.1, with_scaling)['reasons'] == [
-        'm mst (batch 4, 0 local crops): the repetitions spread over 20% of the median '
-        '(at most 10%)']
-    assert not tool.quiet_verdict(None, results(0.01))['quiet']   # unknown load: not quiet
+        'm mst / ref (batch 4, 0 local crops): the ratio spread over 23% of its median over '
+        'the repetitions (at most 20%)']
+    assert not tool.quiet_verdict(None, drifting)['quiet']   # unknown load: not quiet
     assert tool.quiet_verdict(0.1, dict(models=dict(m=dict(skipped='no config'))))['quiet']
 
 
