@@ -131,8 +131,12 @@ def test_neck_forward_crops_equals_two_calls_in_output_gradients_and_bn_statisti
     torch.testing.assert_close(out, old_out, rtol=1e-6, atol=1e-7)
     assert set(grads) == set(old_grads)
     for name in grads:
-        torch.testing.assert_close(grads[name], old_grads[name], rtol=1e-5, atol=1e-7,
-                                   msg=name)
+        # One product over all crops sums the last layer's gradient in another order than two
+        # products do: float32 rounding of the tensor's scale, not of each (small) element.
+        # Seen: 3.3e-6 on a gradient of scale 16.6 on one Xeon, exact on another.
+        scale = old_grads[name].abs().max().item()
+        torch.testing.assert_close(grads[name], old_grads[name], rtol=1e-5,
+                                   atol=max(1e-6 * scale, 1e-7), msg=name)
     for new, old in zip(stats, old_stats):
         torch.testing.assert_close(new, old)
 
