@@ -55,6 +55,10 @@ step() {  # step NAME LOGFILE COMMAND...: run, keep its output, record the verdi
     echo "- $name: $verdict in $((SECONDS - start)) s; output: $log" | tee -a "$REPORT"
 }
 
+tail_into_report() {  # tail_into_report LOGFILE LINES: the log's end as a code block
+    { echo '```'; tail -n "$2" "$OUT/$1"; echo '```'; } >> "$REPORT"
+}
+
 step "pytest -m cuda" pytest_cuda.log \
     "$PYTHON" -m pytest -m cuda tests/test_cuda.py -rA -p no:cacheprovider
 grep -E "^(PASSED|FAILED|SKIPPED|ERROR)|passed|failed" "$OUT/pytest_cuda.log" \
@@ -62,18 +66,14 @@ grep -E "^(PASSED|FAILED|SKIPPED|ERROR)|passed|failed" "$OUT/pytest_cuda.log" \
 step "GPU benchmark" benchmark.log \
     "$PYTHON" tools/analysis/benchmark.py --device cuda --amp --out "$OUT/benchmark.json"
 echo >> "$REPORT"
-echo '```' >> "$REPORT"
-tail -n 40 "$OUT/benchmark.log" >> "$REPORT"
-echo '```' >> "$REPORT"
+tail_into_report benchmark.log 40
 
 if [ -n "${DINO_DIR:-}" ]; then
     step "GPU benchmark against DINO" reference.log \
         "$PYTHON" tools/analysis/benchmark.py --reference-dino "$DINO_DIR" --models deit-s \
         --batch-size 64 --device cuda --amp ${PEAK_TFLOPS:+--peak-tflops "$PEAK_TFLOPS"} \
         --out "$OUT/reference.json"
-    echo '```' >> "$REPORT"
-    tail -n 30 "$OUT/reference.log" >> "$REPORT"
-    echo '```' >> "$REPORT"
+    tail_into_report reference.log 30
 fi
 
 echo "check_gpu: report in $REPORT"
