@@ -250,6 +250,26 @@ def test_fused_upsample_conv_equals_upsampling_then_convolving(shape):
                                rtol=1e-12, atol=1e-12)
 
 
+def test_channels_last_conv_equals_the_plain_conv_in_value_and_gradients():
+    from mst_mm.models.heads.decoder_head import ChannelsLastConv2d
+    torch.manual_seed(0)
+    conv = ChannelsLastConv2d(8, 3, 3, padding=1)
+    plain = nn.Conv2d(8, 3, 3, padding=1)
+    plain.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 8, 16, 16)
+    results = []
+    for module in (conv, plain):
+        inputs = x.clone().requires_grad_()
+        out = module(inputs)
+        out.square().sum().backward()
+        results.append((out, inputs.grad, module.weight.grad, module.bias.grad))
+    # The layout the speed comes from (docs/benchmarks.md) is really used.
+    assert results[0][0].is_contiguous(memory_format=torch.channels_last)
+    assert not results[1][0].is_contiguous(memory_format=torch.channels_last)
+    for new, old in zip(*results):
+        torch.testing.assert_close(new, old, rtol=1e-5, atol=1e-6)
+
+
 def unfused_decoder(head: nn.Module, feats: torch.Tensor) -> torch.Tensor:
     """The paper's decoder written out: per stage, upsample 2x, then conv3x3-BN-ReLU."""
     x = feats
