@@ -139,9 +139,9 @@ def test_mst_on_swin_masks_the_lowest_guidance_cells_and_trains(guidance, messag
     masks = []
     original = model.backbone.forward_mst
 
-    def spy(x, mask=None, with_attn=False):
+    def spy(x, mask=None, **kwargs):
         masks.append(mask)
-        return original(x, mask=mask, with_attn=with_attn)
+        return original(x, mask=mask, **kwargs)
 
     model.backbone.forward_mst = spy
     views = crops(batch=2, n_local=2)

@@ -58,6 +58,45 @@ def test_attention_pass_changes_nothing_else():
     assert plain.feat_map.shape == (2, 32, 4, 4)
 
 
+def test_without_patches_the_last_layer_runs_for_the_cls_token_only():
+    # Float64 and training mode with stochastic depth: the CLS output, the attention and
+    # every gradient equal the full layer's, and the drop-path draws are the same.
+    vit = tiny_vit(drop_path_rate=0.5).double()
+    vit.train()
+    x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
+    mask = torch.zeros(3, 16, dtype=torch.bool)
+    mask[:, 5] = True
+    weights = torch.randn(3, 32, dtype=torch.float64)
+    rows = []
+    handle = vit.layers[-1].ffn.register_forward_hook(lambda m, i, o: rows.append(i[0].shape))
+
+    def run(**kwargs):
+        vit.zero_grad()
+        torch.manual_seed(1)
+        feats = vit.forward_mst(x, mask=mask, with_attn=True, **kwargs)
+        (feats.global_feat * weights).sum().backward()
+        return feats, {n: p.grad.clone() for n, p in vit.named_parameters() if p.grad is not None}
+
+    full, full_grads = run()
+    cls_only, cls_grads = run(with_patches=False)
+    handle.remove()
+    assert rows == [(3, 17, 32), (3, 1, 32)]  # the MLP saw 17 tokens, then only the CLS
+    assert cls_only.feat_map is None and full.feat_map.shape == (3, 32, 4, 4)
+    assert cls_only.grid == full.grid == (4, 4)
+    torch.testing.assert_close(cls_only.global_feat, full.global_feat, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(cls_only.attn_heads, full.attn_heads, rtol=1e-12, atol=1e-12)
+    assert cls_grads.keys() == full_grads.keys()
+    assert 'mask_token' in cls_grads and 'layers.1.attn.qkv.weight' in cls_grads
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(cls_grads[name], grad, rtol=1e-10, atol=1e-12, msg=name)
+    # Without the attention as well, the output is the same.
+    with torch.no_grad():
+        torch.manual_seed(1)
+        plain = vit.forward_mst(x, mask=mask, with_patches=False)
+    assert plain.attn is None
+    torch.testing.assert_close(plain.global_feat, full.global_feat, rtol=1e-12, atol=1e-12)
+
+
 def test_mask_token_replaces_patch_embedding_before_position_embedding():
     vit = tiny_vit()
     everything = torch.ones(2, 16, dtype=torch.bool)

@@ -65,9 +65,9 @@ def test_student_global_crops_are_masked_by_the_teachers_attention(message_hub):
     calls = []
     original = model.backbone.forward_mst
 
-    def spy(x, mask=None, with_attn=False):
-        calls.append((x.shape, None if mask is None else mask.clone()))
-        return original(x, mask=mask, with_attn=with_attn)
+    def spy(x, mask=None, **kwargs):
+        calls.append((x.shape, None if mask is None else mask.clone(), kwargs))
+        return original(x, mask=mask, **kwargs)
 
     model.backbone.forward_mst = spy
     views = crops(batch=2, n_local=2)
@@ -75,6 +75,9 @@ def test_student_global_crops_are_masked_by_the_teachers_attention(message_hub):
     global_call, local_call = calls
     assert global_call[0][0] == 4 and local_call[0][0] == 4 and local_call[0][-1] == 16
     assert local_call[1] is None
+    # Only the decoder reads patch features: the local crops are run for their CLS token.
+    assert global_call[2] == dict(with_patches=True)
+    assert local_call[2] == dict(with_patches=False)
     with torch.no_grad():
         attn = model.teacher.module[0].forward_mst(torch.cat(views[:2]), with_attn=True).attn
     torch.testing.assert_close(global_call[1], attention_mask(attn, num=4, p=1.0))

@@ -315,7 +315,8 @@ def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, wa
     def teacher_forward(with_attn: bool):
         def run():
             with torch.no_grad():
-                teacher_backbone.forward_mst(global_crops, with_attn=with_attn)
+                teacher_backbone.forward_mst(global_crops, with_attn=with_attn,
+                                             with_patches=False)
         return run
 
     attention = interleaved_medians(

@@ -1,5 +1,6 @@
 """MST: Masked Self-Supervised Transformer (paper Algorithm 2)."""
 import copy
+import math
 from itertools import groupby
 from typing import Dict, List, Optional
 
@@ -127,12 +128,14 @@ class MST(BaseSelfSupervisor):
             self.teacher.update_parameters(self._student())
             teacher_backbone, teacher_neck = self.teacher.module
             t_feats = teacher_backbone.forward_mst(
-                global_crops, with_attn=self.mask_cfg['mode'] == 'attention')
+                global_crops, with_attn=self.mask_cfg['mode'] == 'attention', with_patches=False)
             teacher_out = teacher_neck(t_feats.global_feat)
             mask = self._mask(t_feats)
 
-        s_global = self.backbone.forward_mst(global_crops, mask=mask)
-        s_local = [self.backbone.forward_mst(same_size).global_feat
+        # Only the decoder reads patch features; the rest of the step needs CLS tokens.
+        s_global = self.backbone.forward_mst(global_crops, mask=mask,
+                                             with_patches=self.decoder_head is not None)
+        s_local = [self.backbone.forward_mst(same_size, with_patches=False).global_feat
                    for same_size in self._same_size_batches(local_crops)]
         student_out = self.neck.forward_crops(s_global.global_feat, s_local)
 
@@ -167,8 +170,8 @@ class MST(BaseSelfSupervisor):
         """The mask rule (Eq. 6) on the teacher's attention; other modes need only the grid."""
         attn = teacher_feats.attn
         if attn is None:
-            feat_map = teacher_feats.feat_map
-            attn = feat_map.new_zeros(feat_map.shape[0], feat_map.shape[-2:].numel())
+            cls = teacher_feats.global_feat
+            attn = cls.new_zeros(cls.shape[0], math.prod(teacher_feats.grid))
         return attention_mask(attn, **self.mask_cfg)
 
     @staticmethod

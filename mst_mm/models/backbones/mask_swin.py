@@ -155,7 +155,8 @@ class MaskSwin(MaskTokenMixin, SwinTransformer):
     def forward_mst(self,
                     x: torch.Tensor,
                     mask: Optional[torch.Tensor] = None,
-                    with_attn: bool = False) -> MSTFeatures:
+                    with_attn: bool = False,
+                    with_patches: bool = True) -> MSTFeatures:
         """One pass that returns the pooled feature, the final map and, optionally, guidance.
 
         Args:
@@ -163,6 +164,8 @@ class MaskSwin(MaskTokenMixin, SwinTransformer):
             mask (BoolTensor, optional): (B, n), True where the last-stage cell becomes
                 [MASK]; n is the number of last-stage tokens.
             with_attn (bool): Also return the guidance of ``self.guidance`` over the n cells.
+            with_patches (bool): Accepted for MST's call; the map is returned either way,
+                since the pooled feature needs every token.
 
         Returns:
             MSTFeatures: ``global_feat`` is the average of the final normed tokens (as
@@ -194,7 +197,7 @@ class MaskSwin(MaskTokenMixin, SwinTransformer):
             with torch.no_grad():
                 attn = pooled_similarity(tokens.float())
         feat_map = tokens.transpose(1, 2).reshape(x.shape[0], -1, *hw_shape)
-        return MSTFeatures(tokens.mean(dim=1), feat_map, attn, attn_heads)
+        return MSTFeatures(tokens.mean(dim=1), feat_map, attn, attn_heads, tuple(hw_shape))
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict,
                               *args, **kwargs) -> None:

@@ -17,18 +17,22 @@ class MSTFeatures(NamedTuple):
 
     Attributes:
         global_feat (Tensor): (B, C), the image embedding fed to the projection neck.
-        feat_map (Tensor): (B, C, h, w), patch features on the mask grid, for the decoder.
+        feat_map (Tensor | None): (B, C, h, w), patch features on the mask grid, for the
+            decoder; None when ``forward_mst`` was asked for no patches.
         attn (Tensor | None): (B, h * w), the guidance for the mask rule, when asked for.
         attn_heads (Tensor | None): (B, heads, h * w), the same per head, for pictures.
+        grid (tuple): (h, w), the mask grid.
     """
     global_feat: torch.Tensor
-    feat_map: torch.Tensor
+    feat_map: Optional[torch.Tensor]
     attn: Optional[torch.Tensor]
-    attn_heads: Optional[torch.Tensor] = None
+    attn_heads: Optional[torch.Tensor]
+    grid: Tuple[int, int]
 
 
-def encoder_layer_with_cls_attention(layer: nn.Module,
-                                     x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def encoder_layer_with_cls_attention(layer: nn.Module, x: torch.Tensor, cls_only: bool = False,
+                                     with_attn: bool = True
+                                     ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     r"""Run one mmpretrain ``TransformerEncoderLayer`` and also return its CLS attention.
 
     The layer output is computed with the fused ``F.scaled_dot_product_attention`` exactly as
@@ -39,28 +43,50 @@ def encoder_layer_with_cls_attention(layer: nn.Module,
         Attn = \frac{1}{H}\sum_{h=1}^{H}
                \mathrm{Softmax}\Big(Q_h^{cls}\cdot\frac{K_h^T}{\sqrt d}\Big)
 
+    With ``cls_only`` only the CLS token's output is computed. It depends on the other
+    tokens through their keys and values alone, so for the N patches the layer forms keys
+    and values (2 of the 12 C^2 multiply-adds per token of a ViT block) and skips their
+    queries, projection and MLP: in the last layer, where nothing reads the patches, the
+    same CLS output for about a sixth of the work.
+
     Returns:
-        tuple: The layer output (B, 1 + N, C) and the CLS-to-patch attention of each head,
-        (B, heads, N), taken over all keys and then restricted to the patches (as DINO
-        does); its mean over heads is Eq. 5.
+        tuple: The layer output, (B, 1 + N, C), or (B, 1, C) with ``cls_only``; and, with
+        ``with_attn``, the CLS-to-patch attention of each head, (B, heads, N), taken over all
+        keys and then restricted to the patches (as DINO does), whose mean over heads is
+        Eq. 5 (else None).
     """
     attn = layer.attn
     h = layer.ln1(x)
     batch, tokens, _ = h.shape
-    qkv = attn.qkv(h).reshape(batch, tokens, 3, attn.num_heads, attn.head_dims)
-    q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    if cls_only:
+        if attn.v_shortcut:
+            raise ValueError('cls_only needs a layer without v_shortcut (whose output adds '
+                             'every token\'s value).')
+        # The qkv projection's first C outputs are the queries: only the CLS token's.
+        weight, bias = attn.qkv.weight, attn.qkv.bias
+        channels = attn.embed_dims
+        q = F.linear(h[:, :1], weight[:channels], None if bias is None else bias[:channels])
+        q = q.reshape(batch, 1, attn.num_heads, attn.head_dims).transpose(1, 2)
+        kv = F.linear(h, weight[channels:], None if bias is None else bias[channels:])
+        k, v = kv.reshape(batch, tokens, 2, attn.num_heads, attn.head_dims).permute(2, 0, 3, 1, 4)
+        x = x[:, :1]
+    else:
+        qkv = attn.qkv(h).reshape(batch, tokens, 3, attn.num_heads, attn.head_dims)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
     dropout_p = attn.attn_drop if attn.training else 0.
     out = attn.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-    out = out.transpose(1, 2).reshape(batch, tokens, attn.embed_dims)
+    out = out.transpose(1, 2).reshape(batch, q.shape[2], attn.embed_dims)
     out = attn.out_drop(attn.gamma1(attn.proj_drop(attn.proj(out))))
     if attn.v_shortcut:
         out = v.squeeze(1) + out
     x = x + out
     x = layer.ffn(layer.ln2(x), identity=x)
 
-    with torch.no_grad():
-        scores = (q[:, :, :1].float() @ k.float().transpose(-2, -1)) * attn.head_dims**-0.5
-        cls_attn = scores.softmax(dim=-1)[:, :, 0, 1:]
+    cls_attn = None
+    if with_attn:
+        with torch.no_grad():
+            scores = (q[:, :, :1].float() @ k.float().transpose(-2, -1)) * attn.head_dims**-0.5
+            cls_attn = scores.softmax(dim=-1)[:, :, 0, 1:]
     return x, cls_attn
 
 
@@ -253,13 +279,17 @@ class MaskViT(MaskTokenMixin, VisionTransformer):
     def forward_mst(self,
                     x: torch.Tensor,
                     mask: Optional[torch.Tensor] = None,
-                    with_attn: bool = False) -> MSTFeatures:
+                    with_attn: bool = False,
+                    with_patches: bool = True) -> MSTFeatures:
         """One pass that returns the CLS token, the patch map and, optionally, the attention.
 
         Args:
             x (Tensor): Images, (B, 3, H, W).
             mask (BoolTensor, optional): (B, N), True where the patch becomes [MASK].
             with_attn (bool): Also return the last layer's CLS-to-patch attention.
+            with_patches (bool): Also return the patch map. Without it the last layer runs
+                for the CLS token only (:func:`encoder_layer_with_cls_attention`), the same
+                CLS output for less work: MST's teacher and local crops read nothing else.
 
         Returns:
             MSTFeatures: ``global_feat`` is the final-normed CLS token.
@@ -272,17 +302,20 @@ class MaskViT(MaskTokenMixin, VisionTransformer):
         batch = x.shape[0]
         x, patch_resolution = self._embed(x, mask)
 
-        attn_heads = None
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            if with_attn and i == last:
-                x, attn_heads = encoder_layer_with_cls_attention(layer, x)
-            else:
-                x = layer(x)
+        *early_layers, last_layer = self.layers
+        for layer in early_layers:
+            x = layer(x)
+        if with_attn or not with_patches:
+            x, attn_heads = encoder_layer_with_cls_attention(
+                last_layer, x, cls_only=not with_patches, with_attn=with_attn)
+        else:
+            x, attn_heads = last_layer(x), None
         if self.final_norm:
             x = self.ln1(x)
 
-        patches = x[:, self.num_extra_tokens:]
-        feat_map = patches.transpose(1, 2).reshape(batch, -1, *patch_resolution)
+        feat_map = None
+        if with_patches:
+            patches = x[:, self.num_extra_tokens:]
+            feat_map = patches.transpose(1, 2).reshape(batch, -1, *patch_resolution)
         attn = attn_heads.mean(dim=1) if attn_heads is not None else None
-        return MSTFeatures(x[:, 0], feat_map, attn, attn_heads)
+        return MSTFeatures(x[:, 0], feat_map, attn, attn_heads, tuple(patch_resolution))
