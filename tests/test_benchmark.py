@@ -30,11 +30,14 @@ def test_benchmark_tool_writes_every_measurement(tool, tmp_path, capsys):
 
     saved = json.loads(out.read_text())
     assert saved['machine']['cpus'] >= 1 and saved['device'] in ('cpu', 'cuda')
+    assert saved['machine']['cpu'] and saved['machine']['cpu'] != 'unknown'
     tiny = saved['models']['tiny']
     assert tiny['batch_size'] == 2
-    assert set(tiny['step_seconds']) == {'dino', 'mst'}
+    assert set(tiny['step_seconds']) == {'dino', 'mask_only', 'mst'}
     assert math.isclose(tiny['step_ratio'],
                         tiny['step_seconds']['mst'] / tiny['step_seconds']['dino'])
+    assert math.isclose(tiny['mask_only_ratio'],
+                        tiny['step_seconds']['mask_only'] / tiny['step_seconds']['dino'])
     assert set(tiny['attention_forward_seconds']) == {'without', 'with_attn'}
     assert tiny['decoder_channels'] == [32, 16]
     # Timed apart from the step, so on a busy machine the share may exceed 1: plumbing only.
@@ -49,10 +52,11 @@ def test_benchmark_tool_writes_every_measurement(tool, tmp_path, capsys):
     assert all(math.isfinite(x) and x > 0 for x in numbers)
     for name, spread in tiny['step_spread'].items():
         assert spread['min'] <= tiny['step_seconds'][name] <= spread['max']
-    low, high = tiny['step_ratio_range_over_repetitions']
-    assert low <= tiny['step_ratio'] <= high
+    for key in ('step_ratio', 'mask_only_ratio'):
+        low, high = tiny[f'{key}_range_over_repetitions']
+        assert low <= tiny[key] <= high
     printed = capsys.readouterr().out
-    assert '| tiny | 2 |' in printed
+    assert tool.cost_row('tiny', tiny) in printed
     verdict = saved['verdict']
     assert isinstance(verdict['quiet'], bool) and verdict['quiet'] == (not verdict['reasons'])
     assert ('QUIET: a figure that may be published' in printed) == verdict['quiet']
@@ -83,6 +87,17 @@ def test_the_quiet_rule_takes_the_load_before_timing_and_the_spread_of_every_rat
         'the repetitions (at most 20%)']
     assert not tool.quiet_verdict(None, drifting)['quiet']   # unknown load: not quiet
     assert tool.quiet_verdict(0.1, dict(models=dict(m=dict(skipped='no config'))))['quiet']
+
+
+def test_the_variants_split_mst_into_its_mask_and_its_decoder(tool):
+    variants = tool.load_variants(tool.MODELS['deit-s'][0])
+    mst, mask_only, dino = (variants[k].model for k in ('mst', 'mask_only', 'dino'))
+    assert mst.decoder_head is not None and mst.mask_cfg.mode == 'attention'
+    assert mask_only.decoder_head is None and mask_only.mask_cfg == mst.mask_cfg
+    assert dino.decoder_head is None and dino.mask_cfg.mode == 'none'
+    for other in (mask_only, dino):   # nothing else differs
+        assert {k: v for k, v in other.items() if k not in ('decoder_head', 'mask_cfg')} == \
+            {k: v for k, v in mst.items() if k not in ('decoder_head', 'mask_cfg')}
 
 
 def test_bad_batch_size_option_is_refused(tool):
@@ -301,6 +316,9 @@ def test_published_speed_figures_are_the_committed_quiet_runs(tool):
         assert results['verdict']['quiet'], f'{run.name} is a noisy run'
         assert not results['commit'].endswith('+dirty'), f'{run.name} timed uncommitted code'
         for name, result in results['models'].items():
+            if 'step_ratio' in result:   # the cost of MST over DINO, piece by piece
+                assert tool.cost_row(name, result) in doc
+                continue
             row = tool.reference_summary_row(results, name)
             assert f'| [{run.stem}](results/benchmarks/{run.stem}.json) {row}' in doc
             if 'scaling' in result:

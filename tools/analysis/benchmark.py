@@ -13,7 +13,9 @@ Without ``--reference-dino``, for every model (a built-in name or a config path)
 
 (a) ``step``: one full training step (data preprocessing, forward, backward, AdamW, EMA)
     of MST against the DINO baseline built from the same config with masking and decoder
-    off, on the same crops and batch.
+    off, on the same crops and batch; and, between the two, MST with the mask only (the
+    decoder off), which splits MST's cost into its two parts: the paper says the mask adds
+    no training time.
 (b) ``attention``: the teacher's forward that also returns the last-layer CLS attention,
     against the same forward without it. Target <= 1.02.
 (c) ``decoder``: forward + backward of the image decoder and its L1 loss, as a share of
@@ -90,6 +92,7 @@ MODELS = {
 }
 DEFAULT_BATCH_SIZE = 16  # for a config path without a --batch-size
 DINO_OVERRIDES = dict(mask_cfg=dict(mode='none'), decoder_head=None)
+MASK_ONLY_OVERRIDES = dict(decoder_head=None)
 TARGETS = dict(step=1.10, attention=1.02)
 # The modules of a facebookresearch/dino clone that the reference step uses.
 REFERENCE_MODULES = ('main_dino', 'utils', 'vision_transformer')
@@ -193,16 +196,18 @@ def batch_sizes_for(models: List[str], options: List[str]) -> Dict[str, int]:
 
 def load_variants(config: str, decoder_channels: Optional[List[int]] = None,
                   num_local_crops: Optional[int] = None) -> Dict[str, Config]:
-    """The config's model as MST, and the DINO baseline (no mask, no decoder) from it;
-    optionally with other decoder widths or another number of local crops."""
+    """The config's model as MST, the DINO baseline (no mask, no decoder) and MST with the
+    mask only (no decoder) from it; optionally with other decoder widths or another number
+    of local crops."""
     mst = Config.fromfile(config_path(config))
     if decoder_channels:
         mst.model.decoder_head.channels = tuple(decoder_channels)
     if num_local_crops is not None:
         multicrop_step(mst)['num_local_crops'] = num_local_crops
-    dino = copy.deepcopy(mst)
+    dino, mask_only = copy.deepcopy(mst), copy.deepcopy(mst)
     dino.merge_from_dict(dict(model=DINO_OVERRIDES))
-    return dict(dino=dino, mst=mst)
+    mask_only.merge_from_dict(dict(model=MASK_ONLY_OVERRIDES))
+    return dict(dino=dino, mask_only=mask_only, mst=mst)
 
 
 def multicrop_step(cfg: Config) -> dict:
@@ -306,6 +311,10 @@ def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, wa
     times = interleaved_times({name: step_fn(name) for name in built}, repeats, warmup, device)
     step = {name: statistics.median(t) for name, t in times.items()}
 
+    def ratio_range(variant: str) -> List[float]:
+        per_rep = [v / d for v, d in zip(times[variant], times['dino'])]
+        return [min(per_rep), max(per_rep)]
+
     mst = built['mst'][0]
     preprocessed = mst.data_preprocessor(batch, training=True)['inputs']
     global_crops = torch.cat(preprocessed[:mst.num_global_crops])
@@ -327,9 +336,9 @@ def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, wa
         batch_size=batch_size,
         step_seconds=step, step_ratio=step['mst'] / step['dino'],
         step_spread={name: _spread(t) for name, t in times.items()},
-        step_ratio_range_over_repetitions=[
-            min(m / d for m, d in zip(times['mst'], times['dino'])),
-            max(m / d for m, d in zip(times['mst'], times['dino']))],
+        step_ratio_range_over_repetitions=ratio_range('mst'),
+        mask_only_ratio=step['mask_only'] / step['dino'],
+        mask_only_ratio_range_over_repetitions=ratio_range('mask_only'),
         attention_forward_seconds=attention,
         attention_ratio=attention['with_attn'] / attention['without'])
     if mst.decoder_head is not None:
@@ -778,12 +787,24 @@ def quiet_verdict(load: Optional[float], results: dict) -> dict:
 
 
 def machine() -> dict:
-    info = dict(platform=platform.platform(), python=platform.python_version(),
-                torch=torch.__version__, cpus=os.cpu_count(),
-                torch_threads=torch.get_num_threads())
+    info = dict(platform=platform.platform(), cpu=cpu_model(),
+                python=platform.python_version(), torch=torch.__version__,
+                cpus=os.cpu_count(), torch_threads=torch.get_num_threads())
     if torch.cuda.is_available():
         info['gpu'] = torch.cuda.get_device_name()
     return info
+
+
+def cpu_model() -> str:
+    """The CPU's name as the kernel gives it (another CPU gives other ratios)."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or 'unknown'
 
 
 def git_commit() -> Optional[str]:
@@ -799,29 +820,40 @@ def git_commit() -> Optional[str]:
     return commit + ('+dirty' if dirty else '')
 
 
+COST_HEADER = ('| model | batch | step DINO (s) | step MST (s) | MST / DINO (<= 1.10) '
+               '| mask only / DINO | attn fwd ratio (<= 1.02) | decoder share '
+               '| pipeline img/s default -> fast | peak MiB DINO / MST |')
+
+
+def cost_row(name: str, r: dict) -> str:
+    """One model's row of the cost table (markdown), as docs/benchmarks.md quotes it."""
+    if 'skipped' in r:
+        return f'| {name} | skipped: {r["skipped"]} |' + ' |' * 8
+    pipe = r['pipeline']['images_per_second']
+    memory = r.get('peak_memory_mib', {})
+    mem = ' / '.join(f'{memory[v]:.0f}' for v in ('dino', 'mst')) if memory else 'n/a'
+    share = f'{r["decoder_share"]:.1%}' if 'decoder_share' in r else 'n/a'
+    ratios = []
+    for key, range_key in (('step_ratio', 'step_ratio_range_over_repetitions'),
+                           ('mask_only_ratio', 'mask_only_ratio_range_over_repetitions')):
+        low, high = r[range_key]
+        ratios.append(f'{r[key]:.3f} ({low:.3f}-{high:.3f})')
+    return (f'| {name} | {r["batch_size"]} '
+            f'| {_median_range(r["step_spread"]["dino"])} '
+            f'| {_median_range(r["step_spread"]["mst"])} '
+            f'| {ratios[0]} | {ratios[1]} '
+            f'| {r["attention_ratio"]:.3f} | {share} '
+            f'| {pipe["mmpretrain_default"]:.1f} -> {pipe["mst_mm"]:.1f} '
+            f'(x{r["pipeline"]["speedup"]:.2f}) | {mem} |')
+
+
 def print_table(results: dict) -> None:
     print('\nsteps: median (min-max) over the repetitions; ratios: median (range over the '
           'repetitions)')
-    print('\n| model | batch | step DINO (s) | step MST (s) | MST/DINO (<= 1.10) '
-          '| attn fwd ratio (<= 1.02) | decoder share | pipeline img/s default -> fast '
-          '| peak MiB DINO / MST |')
-    print('|' + ' --- |' * 9)
+    print('\n' + COST_HEADER)
+    print('|' + ' --- |' * 10)
     for name, r in results['models'].items():
-        if 'skipped' in r:
-            print(f'| {name} | skipped: {r["skipped"]} |' + ' |' * 7)
-            continue
-        pipe = r['pipeline']['images_per_second']
-        memory = r.get('peak_memory_mib', {})
-        mem = ' / '.join(f'{memory[v]:.0f}' for v in ('dino', 'mst')) if memory else 'n/a'
-        share = f'{r["decoder_share"]:.1%}' if 'decoder_share' in r else 'n/a'
-        low, high = r['step_ratio_range_over_repetitions']
-        print(f'| {name} | {r["batch_size"]} '
-              f'| {_median_range(r["step_spread"]["dino"])} '
-              f'| {_median_range(r["step_spread"]["mst"])} '
-              f'| {r["step_ratio"]:.3f} ({low:.3f}-{high:.3f}) '
-              f'| {r["attention_ratio"]:.3f} | {share} '
-              f'| {pipe["mmpretrain_default"]:.1f} -> {pipe["mst_mm"]:.1f} '
-              f'(x{r["pipeline"]["speedup"]:.2f}) | {mem} |')
+        print(cost_row(name, r))
 
 
 def scaling_rows(result: dict) -> List[str]:
