@@ -220,6 +220,9 @@ def test_reference_dino_option_times_the_three_steps_from_the_clone(tool, tmp_pa
     assert set(result['peak_memory_mib']) == {'reference_dino', 'dino_mode', 'mst'}
     assert all(math.isfinite(v) for v in result['peak_memory_mib'].values())
     assert result['crops'] == '2 x 32 + 4 x 16 px' and result['out_channels'] == 1024
+    for used in result['usage_per_step'].values():
+        assert set(used) == {'user', 'system', 'minor_faults'} and min(used.values()) >= 0
+    assert set(result['usage_per_step']) == {'reference_dino', 'dino_mode', 'mst'}
     assert result['amp'] is False
 
     calls = (clone / 'calls.txt').read_text().splitlines()
@@ -271,6 +274,21 @@ def test_scaling_times_the_three_steps_at_every_batch_and_local_crop_count(tool,
     printed = capsys.readouterr().out
     assert '| 16 | 8 |' in printed and '| 4 | 0 |' in printed
     assert isinstance(saved['verdict']['quiet'], bool)
+
+
+def test_usage_counts_the_pages_each_step_touches_first(tool):
+    def touch_64_mib():   # above glibc's largest mmap threshold: fresh pages every call
+        torch.ones(16 * 2**20).sum()
+
+    usage = {}
+    times = tool.interleaved_times(dict(touch=touch_64_mib, idle=lambda: None), 3, 1, 'cpu',
+                                   usage)
+    assert [len(t) for t in times.values()] == [3, 3] and set(usage) == {'touch', 'idle'}
+    # 16,384 pages of 4 KiB, or 32 huge pages where the kernel backs them so
+    assert min(u['minor_faults'] for u in usage['touch']) >= 32
+    assert min(u['minor_faults'] for u in usage['touch']) > \
+        max(u['minor_faults'] for u in usage['idle'])
+    assert all(u['user'] >= 0 and u['system'] >= 0 for reps in usage.values() for u in reps)
 
 
 def test_flops_of_counts_forward_and_backward_of_a_step(tool):

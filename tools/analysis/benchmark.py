@@ -70,6 +70,7 @@ import math
 import os
 import os.path as osp
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -262,32 +263,38 @@ def _sync(device: str) -> None:
 
 
 def interleaved_times(fns: Dict[str, Callable[[], None]], repeats: int, warmup: int,
-                      device: str, cpu_times: Optional[Dict[str, List[float]]] = None
+                      device: str, usage: Optional[Dict[str, List[Dict[str, float]]]] = None
                       ) -> Dict[str, List[float]]:
     """Seconds of every repetition of each function; the order rotates every repetition.
 
     Args:
-        cpu_times (dict, optional): If given, also receives the CPU time this process
-            spent in every repetition (all threads), which other processes on a shared
-            machine disturb far less than the wall clock.
+        usage (dict, optional): If given, also receives what this process spent in every
+            repetition (all threads), from ``getrusage``: ``user`` and ``system`` CPU
+            seconds and ``minor_faults`` (pages first touched). Other processes on a shared
+            machine disturb these far less than the wall clock; the system time is mostly
+            the page faults of the allocator handing large buffers back to the kernel and
+            getting them again.
     """
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: Dict[str, List[float]] = {name: [] for name in fns}
-    if cpu_times is not None:
-        cpu_times.update({name: [] for name in fns})
+    if usage is not None:
+        usage.update({name: [] for name in fns})
     names = list(fns)
     for rep in range(repeats):
         shift = rep % len(names)
         for name in names[shift:] + names[:shift]:
             _sync(device)
-            start, cpu_start = time.perf_counter(), time.process_time()
+            start, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
             fns[name]()
             _sync(device)
             times[name].append(time.perf_counter() - start)
-            if cpu_times is not None:
-                cpu_times[name].append(time.process_time() - cpu_start)
+            if usage is not None:
+                after = resource.getrusage(resource.RUSAGE_SELF)
+                usage[name].append(dict(user=after.ru_utime - before.ru_utime,
+                                        system=after.ru_stime - before.ru_stime,
+                                        minor_faults=after.ru_minflt - before.ru_minflt))
     return times
 
 
@@ -587,12 +594,15 @@ def compare_with_reference(config: str, dino_dir: str, batch_size: int, repeats:
         model, optim_wrapper = ours[name]
         return lambda: model.train_step(batch, optim_wrapper)
 
-    cpu_times: Dict[str, List[float]] = {}
+    usage: Dict[str, List[Dict[str, float]]] = {}
     times = interleaved_times(dict(reference_dino=lambda: reference(normalised),
                                    dino_mode=our_step('dino_mode'), mst=our_step('mst')),
-                              repeats, warmup, device, cpu_times)
+                              repeats, warmup, device, usage)
     seconds = {name: statistics.median(t) for name, t in times.items()}
-    cpu = {name: statistics.median(t) for name, t in cpu_times.items()}
+    cpu = {name: statistics.median(u['user'] + u['system'] for u in reps)
+           for name, reps in usage.items()}
+    usage_medians = {name: {key: statistics.median(u[key] for u in reps) for key in reps[0]}
+                     for name, reps in usage.items()}
     flops = dict(reference_dino=flops_of(lambda: reference(normalised)),
                  **{name: flops_of(our_step(name)) for name in ours})
     per_rep = {  # ratios inside each repetition: the noise of the ratios themselves
@@ -617,6 +627,7 @@ def compare_with_reference(config: str, dino_dir: str, batch_size: int, repeats:
         # The same from this process's CPU time (all threads): on a machine shared with
         # other work it moves far less than the wall clock; spinning threads count in it.
         cpu_seconds=cpu,
+        usage_per_step=usage_medians,   # medians of user s, system s, minor page faults
         cpu_dino_mode_speed_vs_reference=cpu['reference_dino'] / cpu['dino_mode'],
         cpu_mst_speed_vs_reference=cpu['reference_dino'] / cpu['mst'],
         cpu_mst_over_dino_mode=cpu['mst'] / cpu['dino_mode'])
@@ -925,6 +936,11 @@ def print_reference_table(results: dict) -> None:
               + f'; speed against the reference {r["cpu_dino_mode_speed_vs_reference"]:.3f} '
               f'(DINO mode), {r["cpu_mst_speed_vs_reference"]:.3f} (MST); MST / DINO mode '
               f'{r["cpu_mst_over_dino_mode"]:.3f}')
+        if 'usage_per_step' in r:
+            used = r['usage_per_step']
+            print('per step, median: ' + ', '.join(
+                f'{step} user {used[step]["user"]:.3f} s, system {used[step]["system"]:.3f} s, '
+                f'{used[step]["minor_faults"]:.0f} page faults' for step in STEP_NAMES))
 
 
 def main(argv=None) -> dict:
