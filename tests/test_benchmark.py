@@ -52,6 +52,7 @@ def test_benchmark_tool_writes_every_measurement(tool, tmp_path, capsys):
     assert all(math.isfinite(x) and x > 0 for x in numbers)
     for name, spread in tiny['step_spread'].items():
         assert spread['min'] <= tiny['step_seconds'][name] <= spread['max']
+    assert set(tiny['usage_per_step']) == {'dino', 'mask_only', 'mst'}
     for key in ('step_ratio', 'mask_only_ratio'):
         low, high = tiny[f'{key}_range_over_repetitions']
         assert low <= tiny[key] <= high

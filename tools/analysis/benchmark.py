@@ -298,6 +298,18 @@ def interleaved_times(fns: Dict[str, Callable[[], None]], repeats: int, warmup: 
     return times
 
 
+def usage_medians(usage: Dict[str, List[Dict[str, float]]]) -> Dict[str, Dict[str, float]]:
+    """Per step, the medians over the repetitions of :func:`interleaved_times`'s usage."""
+    return {name: {key: statistics.median(u[key] for u in reps) for key in reps[0]}
+            for name, reps in usage.items()}
+
+
+def usage_line(used: Dict[str, Dict[str, float]]) -> str:
+    return 'per step, median: ' + ', '.join(
+        f'{step} user {u["user"]:.3f} s, system {u["system"]:.3f} s, '
+        f'{u["minor_faults"]:.0f} page faults' for step, u in used.items())
+
+
 def interleaved_medians(fns: Dict[str, Callable[[], None]], repeats: int, warmup: int,
                         device: str) -> Dict[str, float]:
     """Median seconds of each function, timed by :func:`interleaved_times`."""
@@ -315,7 +327,9 @@ def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, wa
         model, optim_wrapper = built[name]
         return lambda: model.train_step(batch, optim_wrapper)
 
-    times = interleaved_times({name: step_fn(name) for name in built}, repeats, warmup, device)
+    usage: Dict[str, List[Dict[str, float]]] = {}
+    times = interleaved_times({name: step_fn(name) for name in built}, repeats, warmup, device,
+                              usage)
     step = {name: statistics.median(t) for name, t in times.items()}
 
     def ratio_range(variant: str) -> List[float]:
@@ -346,6 +360,7 @@ def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, wa
         step_ratio_range_over_repetitions=ratio_range('mst'),
         mask_only_ratio=step['mask_only'] / step['dino'],
         mask_only_ratio_range_over_repetitions=ratio_range('mask_only'),
+        usage_per_step=usage_medians(usage),
         attention_forward_seconds=attention,
         attention_ratio=attention['with_attn'] / attention['without'])
     if mst.decoder_head is not None:
@@ -601,8 +616,6 @@ def compare_with_reference(config: str, dino_dir: str, batch_size: int, repeats:
     seconds = {name: statistics.median(t) for name, t in times.items()}
     cpu = {name: statistics.median(u['user'] + u['system'] for u in reps)
            for name, reps in usage.items()}
-    usage_medians = {name: {key: statistics.median(u[key] for u in reps) for key in reps[0]}
-                     for name, reps in usage.items()}
     flops = dict(reference_dino=flops_of(lambda: reference(normalised)),
                  **{name: flops_of(our_step(name)) for name in ours})
     per_rep = {  # ratios inside each repetition: the noise of the ratios themselves
@@ -627,7 +640,7 @@ def compare_with_reference(config: str, dino_dir: str, batch_size: int, repeats:
         # The same from this process's CPU time (all threads): on a machine shared with
         # other work it moves far less than the wall clock; spinning threads count in it.
         cpu_seconds=cpu,
-        usage_per_step=usage_medians,   # medians of user s, system s, minor page faults
+        usage_per_step=usage_medians(usage),
         cpu_dino_mode_speed_vs_reference=cpu['reference_dino'] / cpu['dino_mode'],
         cpu_mst_speed_vs_reference=cpu['reference_dino'] / cpu['mst'],
         cpu_mst_over_dino_mode=cpu['mst'] / cpu['dino_mode'])
@@ -865,6 +878,9 @@ def print_table(results: dict) -> None:
     print('|' + ' --- |' * 10)
     for name, r in results['models'].items():
         print(cost_row(name, r))
+    for name, r in results['models'].items():
+        if 'usage_per_step' in r:
+            print(f'{name} {usage_line(r["usage_per_step"])}')
 
 
 def scaling_rows(result: dict) -> List[str]:
@@ -937,10 +953,7 @@ def print_reference_table(results: dict) -> None:
               f'(DINO mode), {r["cpu_mst_speed_vs_reference"]:.3f} (MST); MST / DINO mode '
               f'{r["cpu_mst_over_dino_mode"]:.3f}')
         if 'usage_per_step' in r:
-            used = r['usage_per_step']
-            print('per step, median: ' + ', '.join(
-                f'{step} user {used[step]["user"]:.3f} s, system {used[step]["system"]:.3f} s, '
-                f'{used[step]["minor_faults"]:.0f} page faults' for step in STEP_NAMES))
+            print(usage_line(r['usage_per_step']))
 
 
 def main(argv=None) -> dict:
