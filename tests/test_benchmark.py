@@ -5,6 +5,7 @@ and is a sane number.
 """
 import json
 import math
+import mmap
 import re
 
 import pytest
@@ -278,8 +279,12 @@ def test_scaling_times_the_three_steps_at_every_batch_and_local_crop_count(tool,
 
 
 def test_usage_counts_the_pages_each_step_touches_first(tool):
-    def touch_64_mib():   # above glibc's largest mmap threshold: fresh pages every call
-        torch.ones(16 * 2**20).sum()
+    size = 64 * 2**20
+
+    def touch_64_mib():   # a fresh anonymous mapping: every page is new to the process
+        with mmap.mmap(-1, size) as fresh:
+            for offset in range(0, size, 4096):
+                fresh[offset] = 1
 
     usage = {}
     times = tool.interleaved_times(dict(touch=touch_64_mib, idle=lambda: None), 3, 1, 'cpu',
