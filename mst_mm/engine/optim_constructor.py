@@ -2,8 +2,10 @@
 
 mmengine's ``paramwise_cfg`` has no way to leave out a sub-module, so it warns once per EMA
 teacher parameter, and it logs one console line per parameter setting (118 for DeiT-S);
-``--amp`` sets ``AmpOptimWrapper``, which cannot clip per parameter. The parameter groups
-are exactly mmengine's.
+``--amp`` sets ``AmpOptimWrapper``, which cannot clip per parameter; and with a
+``paramwise_cfg`` mmengine hands the optimiser ``ConfigDict`` parameter groups, which
+``torch.compile`` cannot trace, so mmengine's ``compile=True`` fails in the first optimiser
+step. The parameter groups hold exactly mmengine's settings, as plain dicts.
 """
 import collections
 import logging
@@ -64,6 +66,10 @@ class StudentOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             logger.removeFilter(divert)
         if details:
             _log_paramwise_details(logger, details)
+        # The same settings as plain dicts: a ConfigDict group stops torch.compile's trace of
+        # the optimiser (mmengine's config converts the groups when it stores them).
+        groups = optim_wrapper.optimizer.param_groups
+        groups[:] = [dict(group) for group in groups]
         return optim_wrapper
 
     def add_params(self, params: List[dict], module: nn.Module, prefix: str = '',
