@@ -1,8 +1,8 @@
 # The evidence recipe (tools/evidence.py, Quick-start command 1): the MST recipe on a 48-wide,
 # 4-layer ViT, pretrained on 8,000 rendered animal silhouettes (32 x 32, one animal per image
-# on low-pass grey noise; mst_mm/datasets/animal_shapes.py) through the ImageNet configs' data
-# path (PretrainImageFolder, LoadImageOrSkip, MultiCrop), with the k-NN probe on the 2,000
-# held-out images after every epoch. Write the images first with
+# on low-pass grey noise; mst_mm/datasets/animal_shapes.py) through the ImageNet configs'
+# dataset (PretrainImageFolder, LoadImageOrSkip) and their augmentations, made per batch
+# (BatchMultiCrop), with the k-NN probe on the 2,000 held-out images after every epoch. Write the images first with
 #   python tools/misc/write_animal_shapes.py data/animal_shapes
 # How the recipe was chosen (on the DINO baseline alone) and what it gives: docs/evidence.md.
 _base_ = ['mst_vit-tiny-p4_1xb64-coslr-10e_demo.py']
@@ -20,7 +20,16 @@ teacher_temp = 0.015
 base_lr = 5e-4
 optim_wrapper = dict(optimizer=dict(lr=base_lr))
 
+# The views are made per batch, by BatchMultiCrop in the data preprocessor: MultiCrop's
+# augmentations, parameters and ranges, as tensor operations on the whole batch (the
+# images are all 32 x 32); per image, PIL's calls cost more than the training step's
+# compute (docs/benchmarks.md). DINO's blur radius (0.1-2.0 px) is for 224-px crops: on
+# 32 px it erases the silhouette. Crops keep at least half the image (global) or a fifth
+# (local), so that a view shows the animal, not only background.
+multi_crop = dict(type='BatchMultiCrop', global_size=32, local_size=16, num_local_crops=4,
+                  global_scale=(0.5, 1.0), local_scale=(0.2, 0.5), blur_radius=(0.1, 0.5))
 model = dict(
+    data_preprocessor=dict(type='MultiCropDataPreprocessor', multi_crop=multi_crop),
     backbone=dict(arch=dict(embed_dims=embed_dims, num_layers=4, num_heads=3,
                             feedforward_channels=embed_dims * 4)),
     # DINO's default: the prototypes' norm held at 1, so the sharp teacher cannot run away
@@ -37,15 +46,7 @@ train_dataloader = dict(
         data_root=data_root,
         split='train',
         data_layout='auto',  # finds <data_root>/train/<class>/*.png; labels are not used
-        pipeline=[
-            dict(type='LoadImageOrSkip'),
-            # DINO's blur radius (0.1-2.0 px) is for 224-px crops: on 32 px it erases the
-            # silhouette. Crops keep at least half the image (global) or a fifth (local), so
-            # that a view shows the animal, not only background.
-            dict(type='MultiCrop', global_size=32, local_size=16, num_local_crops=4,
-                 global_scale=(0.5, 1.0), local_scale=(0.2, 0.5), blur_radius=(0.1, 0.5)),
-            dict(type='PackInputs'),
-        ]))
+        pipeline=[dict(type='LoadImageOrSkip'), dict(type='PackInputs')]))
 
 param_scheduler = [
     dict(type='LinearLR', start_factor=1e-4, by_epoch=True, begin=0, end=warmup_epochs,

@@ -1,4 +1,6 @@
 from .attention_mask import MASK_MODES, attention_mask, check_mask_args
+from .batch_multicrop import BatchMultiCrop, MultiCropDataPreprocessor
 from .fused_ema import FusedCosineEMA
 
-__all__ = ['MASK_MODES', 'FusedCosineEMA', 'attention_mask', 'check_mask_args']
+__all__ = ['MASK_MODES', 'BatchMultiCrop', 'FusedCosineEMA', 'MultiCropDataPreprocessor',
+           'attention_mask', 'check_mask_args']

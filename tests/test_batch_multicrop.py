@@ -1,0 +1,140 @@
+"""BatchMultiCrop: MultiCrop's augmentations for a whole batch, checked against the per-image
+operations they stand for (PIL's resampling, mmcv's pillow colour operations) and against
+mmpretrain's crop rule."""
+import math
+
+import mmcv
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mst_mm.models.utils.batch_multicrop import (BatchMultiCrop, MultiCropDataPreprocessor,
+                                                 _jitter, blur_weights, crop_boxes,
+                                                 resize_weights)
+
+
+def _images(n: int, size: int = 32, seed: int = 0) -> np.ndarray:
+    """Smooth colour images (uint8 BGR, n x size x size x 3): blobs, not noise, like photos."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, (n, size // 4, size // 4, 3)).astype(np.float32)
+    return np.stack([mmcv.imresize(c, (size, size), interpolation='bilinear')
+                     for c in coarse]).round().clip(0, 255).astype(np.uint8)
+
+
+def _as_tensor(images: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(images).permute(0, 3, 1, 2).float()
+
+
+def test_crop_and_resize_equals_pil_bicubic_on_the_cropped_image():
+    images = _images(6)
+    top, left = torch.tensor([0, 3, 5, 0, 10, 1]), torch.tensor([0, 7, 2, 12, 0, 4])
+    height, width = torch.tensor([32, 20, 14, 11, 22, 31]), torch.tensor([32, 17, 25, 20, 9, 28])
+    for out in (32, 16):   # enlarging and shrinking (the antialiased kernel)
+        rows = resize_weights(top, height, 32, out)
+        cols = resize_weights(left, width, 32, out)
+        ours = (rows[:, None] @ _as_tensor(images) @ cols[:, None].transpose(-1, -2))
+        ours = ours.round().clamp(0, 255).permute(0, 2, 3, 1).numpy()
+        for i, image in enumerate(images):
+            crop = image[top[i]:top[i] + height[i], left[i]:left[i] + width[i]]
+            pil = np.asarray(Image.fromarray(crop).resize((out, out), Image.BICUBIC))
+            # PIL works in fixed point and clips between its two passes: at most a level
+            # or two apart, on average far less.
+            diff = np.abs(ours[i] - pil.astype(np.float32))
+            assert diff.max() <= 3 and diff.mean() < 0.3, (i, out, diff.max(), diff.mean())
+
+
+def test_blur_is_a_gaussian_convolution_with_extended_edges():
+    gen = torch.Generator().manual_seed(0)
+    sigma = torch.tensor([0.0, 0.3, 0.8, 2.0])
+    image = torch.rand(4, 12, generator=gen)
+    ours = (blur_weights(sigma, 12) @ image[..., None])[..., 0]
+    for i, s in enumerate(sigma.tolist()):
+        if s == 0:
+            torch.testing.assert_close(ours[i], image[i])
+            continue
+        reach = math.ceil(3 * 2.0)
+        taps = np.exp(-0.5 * (np.arange(-reach, reach + 1) / s)**2)
+        padded = np.pad(image[i].numpy(), reach, mode='edge')
+        expected = np.convolve(padded, taps / taps.sum(), mode='valid')
+        np.testing.assert_allclose(ours[i].numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('op,mmcv_op', [(0, 'adjust_brightness'), (1, 'adjust_contrast'),
+                                        (2, 'adjust_color'), (3, 'adjust_hue')])
+def test_each_colour_operation_matches_mmcvs_pillow_one(op, mmcv_op):
+    images = _images(8, seed=op)
+    factors = [0.6, 0.8, 1.2, 1.4, 0.7, 1.0, 1.3, 0.9]
+    if mmcv_op == 'adjust_hue':
+        factors = [-0.1, -0.05, 0.02, 0.1, 0.07, -0.08, 0.0, 0.04]
+    ours = _jitter(_as_tensor(images), torch.full((8, ), op), torch.tensor(factors))
+    ours = ours.permute(0, 2, 3, 1).numpy()
+    for i, (image, factor) in enumerate(zip(images, factors)):
+        expected = getattr(mmcv, mmcv_op)(image, factor, backend='pillow')
+        diff = np.abs(ours[i] - expected.astype(np.float32))
+        # Brightness, contrast and saturation: PIL's fixed point rounds differently by at
+        # most a level. Hue: PIL's HSV round trip quantises H, S and V to 8 bits (mmcv
+        # shifts H by whole 1/256 steps, as ours does): up to 8 levels where a colour is
+        # saturated, under half a level on average.
+        limit = 8 if op == 3 else 1
+        assert diff.max() <= limit and diff.mean() < 0.5, (i, factor, diff.max(), diff.mean())
+
+
+def test_no_op_leaves_the_images_unchanged():
+    images = _as_tensor(_images(3))
+    out = _jitter(images.clone(), torch.full((3, ), -1), torch.tensor([1.4, 0.6, 0.1]))
+    assert torch.equal(out, images)
+
+
+def test_crop_boxes_follow_mmpretrains_rule():
+    torch.manual_seed(0)
+    top, left, height, width = crop_boxes(4000, 32, 24, (0.2, 0.5))
+    assert (top >= 0).all() and (left >= 0).all()
+    assert (top + height <= 32).all() and (left + width <= 24).all()
+    area = (height * width).double() / (32 * 24)
+    # Rounding the sides to whole pixels moves the area a little past the drawn range.
+    assert area.min() > 0.15 and area.max() < 0.56
+    ratio = width.double() / height.double()
+    assert ratio.min() > 3 / 4 * 0.85 and ratio.max() < 4 / 3 * 1.15
+    # The offset is uniform over every position that keeps the crop inside: both ends occur.
+    same = height == 13
+    assert same.sum() > 50 and top[same].min() == 0 and top[same].max() == 32 - 13
+    # A range no crop can satisfy falls back to the centred whole image (ratio 1 here).
+    top, left, height, width = crop_boxes(5, 16, 16, (2.0, 3.0))
+    assert (height == 16).all() and (width == 16).all() and (top == 0).all()
+
+
+def test_views_have_multicrops_shapes_order_and_values():
+    transform = BatchMultiCrop(global_size=32, local_size=16, num_local_crops=3,
+                               global_scale=(0.5, 1.0), local_scale=(0.2, 0.5),
+                               blur_radius=(0.1, 0.5))
+    images = _as_tensor(_images(500))
+    torch.manual_seed(0)
+    views = transform(images)
+    assert [tuple(v.shape) for v in views] == [(500, 3, 32, 32)] * 2 + [(500, 3, 16, 16)] * 3
+    for view in views:
+        assert view.min() >= 0 and view.max() <= 255 and torch.equal(view, view.round())
+    # Views are drawn independently: no two views of an image are the same.
+    assert all(not torch.equal(views[0][i], views[1][i]) for i in range(20))
+    # The same seed gives the same views.
+    torch.manual_seed(0)
+    assert all(torch.equal(a, b) for a, b in zip(views, transform(images)))
+    # Grayscale with probability 0.2: equal channels, which the colour images never have.
+    gray = torch.cat([(v[:, 0] == v[:, 1]).flatten(1).all(1) for v in views]).float()
+    assert 0.16 < gray.mean() < 0.24
+
+
+def test_the_preprocessor_crops_only_in_training_and_refuses_mixed_sizes():
+    pre = MultiCropDataPreprocessor(
+        multi_crop=dict(type='BatchMultiCrop', global_size=16, local_size=8,
+                        num_local_crops=2),
+        mean=[127.5] * 3, std=[64.0] * 3, to_rgb=True)
+    images = torch.from_numpy(_images(4, size=16)).permute(0, 3, 1, 2).contiguous()
+    out = pre(dict(inputs=images, data_samples=None), training=True)
+    assert [tuple(v.shape) for v in out['inputs']] == [(4, 3, 16, 16)] * 2 + [(4, 3, 8, 8)] * 2
+    assert all(v.min() >= -127.5 / 64 and v.max() <= 127.5 / 64 for v in out['inputs'])
+    # Outside training the images are only normalised (RGB order), as mmpretrain does.
+    plain = pre(dict(inputs=images, data_samples=None), training=False)['inputs']
+    torch.testing.assert_close(plain, (images[:, [2, 1, 0]].float() - 127.5) / 64)
+    with pytest.raises(ValueError, match='differ in size'):
+        pre(dict(inputs=[images[0], images[1, :, :8]], data_samples=None), training=True)
