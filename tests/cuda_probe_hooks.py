@@ -13,9 +13,8 @@ import torch.nn as nn
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
+from mmpretrain.utils import get_ori_model
 from torch.nn.modules.batchnorm import _BatchNorm
-
-from mst_mm.engine.hooks.dino_schedule_hooks import unwrap
 
 
 def _devices(tensors) -> list:
@@ -42,7 +41,7 @@ class DeviceProbeHook(Hook):
         self.linear_dtypes = []
 
     def before_train(self, runner) -> None:
-        model = unwrap(runner.model)
+        model = get_ori_model(runner.model)
         linears = [m for m in model.backbone.modules() if isinstance(m, nn.Linear)]
         if linears:
             linears[-1].register_forward_hook(
@@ -90,10 +89,10 @@ class DeviceProbeHook(Hook):
         dino_head.all_reduce = recording
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
-        self.student_before = _checksum(unwrap(runner.model).backbone)
+        self.student_before = _checksum(get_ori_model(runner.model).backbone)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        model = unwrap(runner.model)
+        model = get_ori_model(runner.model)
         record = dict(iter=runner.iter,
                       losses={k: float(torch.as_tensor(v).detach()) for k, v in outputs.items()
                               if 'loss' in k},
@@ -114,7 +113,7 @@ class DeviceProbeHook(Hook):
 
     def after_train(self, runner) -> None:
         wrapped = runner.model
-        model = unwrap(wrapped)
+        model = get_ori_model(wrapped)
         summary = dict(
             iters=self.iters, linear_dtypes=sorted(set(self.linear_dtypes)),
             wrapper=type(wrapped).__name__,

@@ -9,8 +9,7 @@ import torch.nn as nn
 from mmengine.dist import get_rank
 from mmengine.hooks import Hook
 from mmpretrain.registry import HOOKS
-
-from mst_mm.engine.hooks.dino_schedule_hooks import unwrap
+from mmpretrain.utils import get_ori_model
 
 
 @HOOKS.register_module()
@@ -26,12 +25,12 @@ class DDPProbeHook(Hook):
 
     @staticmethod
     def _last_layer(runner) -> torch.Tensor:
-        layer = unwrap(runner.model).neck.last_layer
+        layer = get_ori_model(runner.model).neck.last_layer
         return torch.cat([p.detach().flatten() for p in layer.parameters()])
 
     def after_train(self, runner) -> None:
         wrapped = runner.model
-        model = unwrap(wrapped)
+        model = get_ori_model(wrapped)
         torch.save(dict(
             wrapper=type(wrapped).__name__,
             world_size=torch.distributed.get_world_size(),
@@ -51,7 +50,7 @@ class RandomnessProbeHook(Hook):
     numpy generator states to ``randomness_rank{r}.pth``."""
 
     def before_train(self, runner) -> None:
-        backbone = unwrap(runner.model).backbone
+        backbone = get_ori_model(runner.model).backbone
         forward_mst = backbone.forward_mst
         self.masks = []
 

@@ -9,9 +9,14 @@ import pytest
 import torch
 from PIL import Image
 
-from mst_mm.models.utils.batch_multicrop import (BatchMultiCrop, MultiCropDataPreprocessor,
-                                                 _jitter, blur_weights, crop_boxes,
-                                                 resize_weights)
+from mst_mm.models.utils.batch_multicrop import (
+    BatchMultiCrop,
+    MultiCropDataPreprocessor,
+    _jitter,
+    blur_weights,
+    crop_boxes,
+    resize_weights,
+)
 
 
 def _images(n: int, size: int = 32, seed: int = 0) -> np.ndarray:

@@ -38,6 +38,7 @@ import torch
 from mmengine.config import Config
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+from mst_mm.models import DINO_MODE  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 VIT_CONFIG = osp.join(REPO, 'configs', 'mst', 'mst_vit-tiny-p4_1xb64-coslr-6e_animals.py')
@@ -49,7 +50,7 @@ SEG_CONFIG = osp.join(REPO, 'configs', 'benchmarks', 'mmsegmentation',
 NUM, P = 8, 0.1
 # name: model overrides of the pretraining config (the paper's Table 4 rows).
 VARIANTS = {
-    'dino': dict(mask_cfg=dict(mode='none'), decoder_head=None),
+    'dino': DINO_MODE,
     'mst_decoder': dict(mask_cfg=dict(mode='none')),
     # The same expected share of masked patches as the guided rule: p / num.
     'mst_random_mask': dict(mask_cfg=dict(mode='random', p=P / NUM)),

@@ -13,11 +13,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch.nn as nn
 from mmengine.config import Config
 from mmengine.logging import print_log
-from mmengine.model import is_model_wrapper
 from mmengine.model.weight_init import PretrainedInit, update_init_info
 from mmengine.registry import WEIGHT_INITIALIZERS
 from mmengine.runner import Runner
 from mmpretrain.registry import RUNNERS
+from mmpretrain.utils import get_ori_model
 
 from .errors import IncompleteCheckpointError
 from .safe_loading import load_checkpoint_safely
@@ -53,8 +53,7 @@ def load_state_dict_checked(module: nn.Module, state_dict: dict) -> LoadReport:
     embedding) run before the keys are judged; unlike mmengine's, it returns what it could
     not load instead of only logging it. Model wrappers are unwrapped.
     """
-    if is_model_wrapper(module):
-        module = module.module
+    module = get_ori_model(module)
     report = LoadReport(expected=[k for k in module.state_dict()
                                   if 'num_batches_tracked' not in k])
     missing, unexpected, errors = [], [], []
@@ -248,7 +247,7 @@ class CheckedRunner(Runner):
         checkpoint = load_checkpoint_safely(filename, map_location)
         # mmengine's order: hooks may rewrite the checkpoint before it reaches the model.
         self.call_hook('after_load_checkpoint', checkpoint=checkpoint)
-        model = self.model.module if is_model_wrapper(self.model) else self.model
+        model = get_ori_model(self.model)
         state_dict = _revised(state_dict_of(checkpoint, filename), revise_keys)
         report = load_state_dict_checked(model, state_dict)
         allow_partial = bool(self.cfg.get('allow_partial_load', False))

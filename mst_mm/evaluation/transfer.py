@@ -19,6 +19,7 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import DefaultScope
+from mmpretrain.utils import get_ori_model
 
 from mst_mm.engine.backbone_export import convert_for_downstream
 from mst_mm.engine.errors import IncompleteCheckpointError
@@ -48,7 +49,7 @@ class PretrainedBackboneCheck(Hook):
         self.source = source
 
     def before_train(self, runner) -> None:
-        model = runner.model.module if hasattr(runner.model, 'module') else runner.model
+        model = get_ori_model(runner.model)
         state = model.backbone.state_dict()
         missing = sorted(k for k in self.converted if k not in state)
         different = sorted(k for k in self.converted if k in state and not torch.equal(

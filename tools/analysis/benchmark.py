@@ -84,6 +84,7 @@ from mmengine.config import Config
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, REPO)
+from mst_mm.models import DINO_MODE  # noqa: E402
 
 # name: (pretraining config, default batch size per step on CPU)
 MODELS = {
@@ -92,7 +93,6 @@ MODELS = {
     'swin-t': ('configs/mst/mst_swin-t-p4-w7_8xb128-coslr-100e_in1k.py', 16),
 }
 DEFAULT_BATCH_SIZE = 16  # for a config path without a --batch-size
-DINO_OVERRIDES = dict(mask_cfg=dict(mode='none'), decoder_head=None)
 MASK_ONLY_OVERRIDES = dict(decoder_head=None)
 TARGETS = dict(step=1.10, attention=1.02)
 # The modules of a facebookresearch/dino clone that the reference step uses.
@@ -206,7 +206,7 @@ def load_variants(config: str, decoder_channels: Optional[List[int]] = None,
     if num_local_crops is not None:
         multicrop_step(mst)['num_local_crops'] = num_local_crops
     dino, mask_only = copy.deepcopy(mst), copy.deepcopy(mst)
-    dino.merge_from_dict(dict(model=DINO_OVERRIDES))
+    dino.merge_from_dict(dict(model=DINO_MODE))
     mask_only.merge_from_dict(dict(model=MASK_ONLY_OVERRIDES))
     return dict(dino=dino, mask_only=mask_only, mst=mst)
 

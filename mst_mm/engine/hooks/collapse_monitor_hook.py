@@ -4,8 +4,7 @@ from typing import Optional
 
 from mmengine.hooks import Hook
 from mmpretrain.registry import HOOKS
-
-from .dino_schedule_hooks import unwrap
+from mmpretrain.utils import get_ori_model
 
 UNIFORM, ONE_HOT = 'uniform', 'one-hot'
 
@@ -91,7 +90,7 @@ class CollapseMonitorHook(Hook):
             return
         entropy = float(outputs['teacher_entropy'])
         kl = float(outputs['teacher_student_kl'])
-        num_prototypes = unwrap(runner.model).head.center.shape[-1]
+        num_prototypes = get_ori_model(runner.model).head.center.shape[-1]
         mode = collapse_mode(entropy, kl, num_prototypes, **self.thresholds)
         if mode != self._mode:
             self._mode, self._streak, self._warned = mode, 0, False

@@ -4,12 +4,8 @@ Both set an attribute from the runner's epoch alone, so DDP and resume change no
 """
 import numpy as np
 from mmengine.hooks import Hook
-from mmengine.model import is_model_wrapper
 from mmpretrain.registry import HOOKS
-
-
-def unwrap(model):
-    return model.module if is_model_wrapper(model) else model
+from mmpretrain.utils import get_ori_model
 
 
 @HOOKS.register_module()
@@ -38,7 +34,7 @@ class TeacherTempWarmupHook(Hook):
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
         temp = self.temperature(runner.epoch)
-        unwrap(runner.model).head.teacher_temp = temp
+        get_ori_model(runner.model).head.teacher_temp = temp
         runner.message_hub.update_scalar('train/teacher_temp', temp)
 
 
@@ -69,5 +65,5 @@ class FreezeLastLayerHook(Hook):
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
         frozen = runner.epoch < self.freeze_epochs
-        last_layer = unwrap(runner.model).neck.last_layer
+        last_layer = get_ori_model(runner.model).neck.last_layer
         runner.optim_wrapper.freeze(last_layer.parameters() if frozen else [])

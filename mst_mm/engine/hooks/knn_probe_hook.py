@@ -6,9 +6,9 @@ from mmengine.dataset import pseudo_collate
 from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
 from mmpretrain.registry import DATASETS, HOOKS
+from mmpretrain.utils import get_ori_model
 
 from ...evaluation.knn import knn_top1
-from .dino_schedule_hooks import unwrap
 
 
 @HOOKS.register_module()
@@ -54,7 +54,7 @@ class KNNProbeHook(Hook):
     def probe(self, runner, epochs_done: int) -> None:
         if not is_main_process():
             return
-        model = unwrap(runner.model)
+        model = get_ori_model(runner.model)
         backbone = model.teacher.module[0] if self.weights == 'teacher' else model.backbone
         reference, reference_labels = self._embed(model, backbone, 'reference')
         query, query_labels = self._embed(model, backbone, 'query')

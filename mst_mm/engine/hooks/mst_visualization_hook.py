@@ -2,8 +2,8 @@
 from typing import Optional
 
 from mmengine.hooks import Hook
-from mmengine.model import is_model_wrapper
 from mmpretrain.registry import HOOKS
+from mmpretrain.utils import get_ori_model
 
 
 @HOOKS.register_module()
@@ -27,7 +27,7 @@ class MSTVisualizationHook(Hook):
             return
         from mst_mm.visualization import mst_picture_row, render_rows
 
-        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        model = get_ori_model(runner.model)
         crops = model.data_preprocessor(data_batch, False)['inputs'][0]
         rows = [mst_picture_row(model, crop) for crop in crops[:self.num_images]]
         runner.visualizer.add_image('mst_pictures', render_rows(rows), step=runner.iter + 1)

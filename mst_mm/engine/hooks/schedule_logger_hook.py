@@ -5,8 +5,7 @@ import torch
 from mmengine.hooks import Hook
 from mmengine.model import BaseAveragedModel
 from mmpretrain.registry import HOOKS
-
-from .dino_schedule_hooks import unwrap
+from mmpretrain.utils import get_ori_model
 
 
 def ema_momentum(ema: BaseAveragedModel, steps: int) -> float:
@@ -33,7 +32,7 @@ class ScheduleLoggerHook(Hook):
 
     def before_train(self, runner) -> None:
         """Find the model's EMA teacher, if it has one."""
-        self._ema = next((m for m in unwrap(runner.model).modules()
+        self._ema = next((m for m in get_ori_model(runner.model).modules()
                           if isinstance(m, BaseAveragedModel)), None)
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:

@@ -1,4 +1,4 @@
 from .feature_embedder import FeatureEmbedder
-from .mst import MST
+from .mst import DINO_MODE, MST
 
-__all__ = ['FeatureEmbedder', 'MST']
+__all__ = ['DINO_MODE', 'FeatureEmbedder', 'MST']

@@ -15,6 +15,9 @@ from ..backbones import MSTFeatures
 from ..utils import FusedCosineEMA, attention_mask, check_mask_args
 from ..utils.channel_check import ChannelMismatchError, channel_mismatches
 
+#: Model overrides that turn an MST config into its DINO baseline: no mask, no decoder.
+DINO_MODE = dict(mask_cfg=dict(mode='none'), decoder_head=None)
+
 
 @MODELS.register_module()
 class MST(BaseSelfSupervisor):
