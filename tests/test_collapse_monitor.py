@@ -92,7 +92,7 @@ def test_hook_warns_once_per_episode_after_the_window(caplog):
         assert len(caplog.records) == 1                # once, not every iteration
         message = caplog.records[0].getMessage()
         assert 'uniform collapse' in message and 'for 5 iterations' in message
-        assert 'teacher temperature' in message and 'center_momentum' in message
+        assert 'docs/reliability.md' in message
         feed(hook, runner, 3.0, 1.0, 3)                # learning again: re-armed
         feed(hook, runner, 0.0, 0.0, 5)
         assert len(caplog.records) == 2 and 'one-hot collapse' in caplog.records[1].getMessage()

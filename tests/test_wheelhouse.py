@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+STACK_CHECK = REPO / 'tools' / 'stack_check.py'
 
 SETUP = REPO / 'tools' / 'setup_env.sh'
 COLLECT = REPO / 'tools' / 'collect_wheelhouse.sh'
@@ -118,8 +119,8 @@ def venv_python(state, code: str) -> str:
 
 
 def flavour(state) -> str:
-    return venv_python(state, 'from mst_mm.stack_check import installed_mmcv_flavour; '
-                              'print(installed_mmcv_flavour())')
+    return venv_python(state, f'import runpy; print(runpy.run_path({str(STACK_CHECK)!r})'
+                              '["installed_mmcv_flavour"]())')
 
 
 def stamp(state) -> dict:
@@ -163,7 +164,7 @@ def test_second_run_finds_the_environment_up_to_date(offline_venv):
 
 
 def test_lite_stack_refuses_ops_with_the_fix(offline_venv):
-    result = run([offline_venv['venv'] / 'bin' / 'python', '-m', 'mst_mm.stack_check', '--ops'])
+    result = run([offline_venv['venv'] / 'bin' / 'python', str(STACK_CHECK), '--ops'])
     assert result.returncode == 1
     assert 'mmcv-lite has no compiled ops' in result.stderr
     assert 'setup_env.sh --ops' in result.stderr

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates or refreshes a virtual environment (default: .venv/ at the repository root) with
-# the verified stack of requirements/*.txt, then checks it (python -m mst_mm.stack_check).
+# the verified stack of requirements/*.txt, then checks it (tools/stack_check.py).
 #
 #   bash tools/setup_env.sh                   # pretraining stack: mmcv-lite, no compile
 #   bash tools/setup_env.sh --ops             # + mmcv compiled with ops (mmdet/mmseg, tests)
@@ -198,7 +198,7 @@ CHECK_ARGS=()
 [ "$FLAVOUR" = ops ] && CHECK_ARGS+=(--ops)
 [ "$TORCH_MODE" = pinned ] && CHECK_ARGS+=(--pinned-torch)
 # Run from outside the checkout, so that mst_mm is imported through the install.
-(cd "$VENV" && OMP_NUM_THREADS=1 "$PY" -m mst_mm.stack_check "${CHECK_ARGS[@]}")
+(cd "$VENV" && OMP_NUM_THREADS=1 "$PY" "$ROOT/tools/stack_check.py" "${CHECK_ARGS[@]}")
 
 printf 'inputs %s\nmmcv %s\ntorch %s\n' "$(inputs_hash)" "$FLAVOUR" "$TORCH_MODE" > "$STAMP"
 log "ready: $VENV (mmcv $FLAVOUR, torch $TORCH_MODE)"

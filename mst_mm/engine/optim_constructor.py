@@ -1,23 +1,21 @@
-"""mmengine's optimiser constructor, minus its noise, plus DINO's clipping under ``--amp``.
+"""mmengine's optimiser constructor without the EMA teacher, plus DINO's clipping under
+``--amp``.
 
 mmengine's ``paramwise_cfg`` has no way to leave out a sub-module, so it warns once per EMA
-teacher parameter, and it logs one console line per parameter setting (118 for DeiT-S);
-``--amp`` sets ``AmpOptimWrapper``, which cannot clip per parameter; and with a
+teacher parameter; ``--amp`` sets ``AmpOptimWrapper``, which cannot clip per parameter; and with a
 ``paramwise_cfg`` mmengine hands the optimiser ``ConfigDict`` parameter groups, which
 ``torch.compile`` cannot trace, so mmengine's ``compile=True`` fails in the first optimiser
 step. The parameter groups hold exactly mmengine's settings, as plain dicts.
 """
-import collections
 import logging
 from typing import List, Optional, Union
 
-from mmengine.logging import MMLogger, print_log
+from mmengine.logging import print_log
 from mmengine.model import BaseAveragedModel
 from mmengine.optim import DefaultOptimWrapperConstructor, OptimWrapper
 from mmpretrain.registry import OPTIM_WRAPPER_CONSTRUCTORS
 from torch import nn
 
-_PARAMWISE = 'paramwise_options -- '
 # The wrappers that apply DINO's gradient rules, by the type a config or --amp names.
 _DINO_TWINS = {'OptimWrapper': 'DINOOptimWrapper', 'AmpOptimWrapper': 'DINOAmpOptimWrapper',
                'DINOOptimWrapper': 'DINOOptimWrapper',
@@ -26,9 +24,8 @@ _DINO_TWINS = {'OptimWrapper': 'DINOOptimWrapper', 'AmpOptimWrapper': 'DINOAmpOp
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
 class StudentOptimWrapperConstructor(DefaultOptimWrapperConstructor):
-    """``DefaultOptimWrapperConstructor`` that leaves averaged (EMA) models out, counts the
-    paramwise settings in one console line (all of them in the log file), and builds the DINO
-    twin of the wrapper when ``clip_grad=dict(type='per_param')``."""
+    """``DefaultOptimWrapperConstructor`` that leaves averaged (EMA) models out and builds the
+    DINO twin of the wrapper when ``clip_grad=dict(type='per_param')``."""
 
     def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: Optional[dict] = None) -> None:
         clip_grad = optim_wrapper_cfg.get('clip_grad') or {}
@@ -49,23 +46,7 @@ class StudentOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         super().__init__(optim_wrapper_cfg, paramwise_cfg)
 
     def __call__(self, model: nn.Module) -> OptimWrapper:
-        logger = MMLogger.get_current_instance()
-        details: List[str] = []
-
-        def divert(record: logging.LogRecord) -> bool:
-            message = record.getMessage()
-            if message.startswith(_PARAMWISE):
-                details.append(message[len(_PARAMWISE):])
-                return False
-            return True
-
-        logger.addFilter(divert)
-        try:
-            optim_wrapper = super().__call__(model)
-        finally:
-            logger.removeFilter(divert)
-        if details:
-            _log_paramwise_details(logger, details)
+        optim_wrapper = super().__call__(model)
         # The same settings as plain dicts: a ConfigDict group stops torch.compile's trace of
         # the optimiser (mmengine's config converts the groups when it stores them).
         groups = optim_wrapper.optimizer.param_groups
@@ -84,20 +65,3 @@ class StudentOptimWrapperConstructor(DefaultOptimWrapperConstructor):
             return
         super().add_params(params, module, prefix, is_dcn_module)
 
-
-def _log_paramwise_details(logger: logging.Logger, details: List[str]) -> None:
-    """One console line counting the settings; every ``NAME:KEY=VALUE`` in the log file."""
-    counts = collections.Counter(detail.split(':', 1)[-1] for detail in details)
-    names = {detail.split(':', 1)[0] for detail in details}
-    files = [h for h in logger.handlers if isinstance(h, logging.FileHandler)]
-    for handler in files:  # mmengine writes its initialisation dump the same way
-        handler.stream.write('paramwise_options - parameter:setting\n'
-                             + ''.join(f'{detail}\n' for detail in details))
-        handler.stream.flush()
-    where = ('listed in the log file' if files else 'listed at DEBUG level (no log file)')
-    print_log(f'paramwise_cfg settings of {len(names)} parameter tensors: '
-              + ', '.join(f'{setting} x{count}' for setting, count in sorted(counts.items()))
-              + f'; every tensor is {where}.', logger=logger, level=logging.INFO)
-    if not files:
-        print_log('paramwise_options:\n' + '\n'.join(details), logger=logger,
-                  level=logging.DEBUG)

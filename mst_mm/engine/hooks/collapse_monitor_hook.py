@@ -8,24 +8,6 @@ from mmpretrain.utils import get_ori_model
 
 UNIFORM, ONE_HOT = 'uniform', 'one-hot'
 
-ADVICE = {
-    UNIFORM: (
-        'teacher and student are both (nearly) uniform over the K prototypes, so the '
-        'self-distillation signal is gone (or the run never left its starting plateau). '
-        'Centring pushes towards this mode, sharpening away from it: lower the teacher '
-        'temperature or shorten its warm-up (TeacherTempWarmupHook start / end / '
-        'warmup_epochs), raise model.head.center_momentum, try a lower learning rate '
-        '(optim_wrapper.optimizer.lr) or fewer prototypes (model.neck.out_channels and '
-        'model.head.out_channels).'),
-    ONE_HOT: (
-        'the teacher puts (nearly) all its mass on one prototype for every image and the '
-        'student copies it, so every image gets the same code. Sharpening pushes towards '
-        'this mode, centring away from it: raise the teacher temperature or lengthen its '
-        'warm-up (TeacherTempWarmupHook), lower model.head.center_momentum, lower the '
-        'learning rate (optim_wrapper.optimizer.lr).'),
-}
-
-
 def collapse_mode(entropy: float, kl: float, num_prototypes: int,
                   uniform_ratio: float = 0.95, one_hot_ratio: float = 0.05,
                   kl_ratio: float = 0.01) -> Optional[str]:
@@ -103,4 +85,5 @@ class CollapseMonitorHook(Hook):
                 f'DINO {mode} collapse: for {self._streak} iterations (up to iteration '
                 f'{runner.iter + 1}) the teacher entropy H(P_t) = {entropy:.3f} '
                 f'(ln K = {math.log(num_prototypes):.3f}) and the teacher-student KL = '
-                f'{kl:.4f}: {ADVICE[mode]} Training goes on; this is only a warning.')
+                f'{kl:.4f}. Training goes on; this is only a warning. What to change: '
+                'docs/reliability.md, "Is the run learning? Collapse diagnostics".')

@@ -3,9 +3,9 @@
 ``tools/setup_env.sh`` runs it after every install and the wheelhouse test runs it in a
 fresh environment, so both share this one check::
 
-    python -m mst_mm.stack_check            # pretraining stack (mmcv-lite is enough)
-    python -m mst_mm.stack_check --ops      # also mmcv's compiled ops, mmdet and mmseg
-    python -m mst_mm.stack_check --pinned-torch   # also the registry torch of requirements/
+    python tools/stack_check.py                 # pretraining stack (mmcv-lite is enough)
+    python tools/stack_check.py --ops           # also mmcv's compiled ops, mmdet and mmseg
+    python tools/stack_check.py --pinned-torch  # also the registry torch of requirements/
 
 It prints one line per check and exits non-zero, naming the problem and its fix, at the
 first failure.
