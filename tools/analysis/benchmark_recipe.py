@@ -206,17 +206,36 @@ def summarise(runs: List[dict], codes: List[str]) -> dict:
     return dict(rows=rows, ratios=ratios)
 
 
-def print_summary(summary: dict) -> None:
-    print('| code / variant | images/s | loader ms | preprocess ms | step ms | hooks ms | '
-          'GFLOP / image | MFU |')
-    print('| --- | --- | --- | --- | --- | --- | --- | --- |')
-    for name, row in summary['rows'].items():
+def doc_rows(result: dict, run: str) -> List[str]:
+    """The rows of docs/benchmarks.md for one run: one per code and variant, then one of
+    ratios (``tests/test_benchmark_recipe.py`` checks the doc against the committed JSONs)."""
+    rows = []
+    for name, row in result['rows'].items():
         parts = ' | '.join(fmt(row['ms'][part], 1) for part in PARTS)
-        print(f"| {name} | {fmt(row['images_per_s'], 1)} | {parts} | "
-              f"{row['flop_per_image'] / 1e9:.3f} | {fmt(row['mfu'], 3)} |")
+        rows.append(f"| {run} | {name} | {fmt(row['images_per_s'], 1)} | {parts} | "
+                    f"{row['flop_per_image'] / 1e9:.3f} | {fmt(row['mfu'], 3)} |")
+    ratios = result['ratios']
+    speedups = ' | '.join(fmt(ratios[f'{v}: this / baseline images/s'], 3)
+                          for v in VARIANTS if f'{v}: this / baseline images/s' in ratios)
+    mfu = fmt(ratios['this: mst / dino MFU'], 3)
+    if 'baseline: mst / dino MFU' in ratios:
+        mfu += f" ({fmt(ratios['baseline: mst / dino MFU'], 3)})"
+    load = result['load_per_core']['before']
+    rows.append(f"| {run} | {speedups} | {mfu} | "
+                f"{'-' if load is None else f'{load:.2f}'} |")
+    return rows
+
+
+def print_summary(result: dict) -> None:
+    print('| run | code / variant | images/s | loader ms | preprocess ms | step ms | hooks ms | '
+          'GFLOP / image | MFU |')
+    print('| --- | --- | --- | --- | --- | --- | --- | --- | --- |')
+    print('\n'.join(doc_rows(result, '-')[:-1]))
     print()
-    for name, value in summary['ratios'].items():
+    for name, value in result['ratios'].items():
         print(f'{name}: {fmt(value, 3)}')
+    print('\ndocs/benchmarks.md rows (run RUN):')
+    print('\n'.join(doc_rows(result, 'RUN')))
 
 
 def load_per_core() -> Optional[float]:
@@ -263,7 +282,7 @@ def main(argv=None) -> dict:
                   commits={code: git_commit(path) for code, path in codes.items()},
                   load_per_core=dict(before=load_before, after=load_per_core()))
     print()
-    print_summary(summary)
+    print_summary(result)
     print(f"\nload average per core: {result['load_per_core']['before']} before, "
           f"{result['load_per_core']['after']} after")
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
