@@ -10,6 +10,8 @@ from mmpretrain.datasets.transforms import ColorJitter, RandomResizedCrop
 from mmpretrain.registry import TRANSFORMS
 from PIL import Image, ImageEnhance
 
+from ..models.utils.batch_multicrop import check_crop_sizes
+
 
 @TRANSFORMS.register_module()
 class FusedColorJitter(ColorJitter):
@@ -108,11 +110,7 @@ class MultiCrop(BaseTransform):
                  backend: str = 'pillow',
                  blur_radius: Sequence[float] = (0.1, 2.0),
                  fast_transforms: bool = True) -> None:
-        if local_size > global_size:
-            raise ValueError(f'Local crops ({local_size} px) must not be larger than global '
-                             f'crops ({global_size} px): swap them or shrink local_size.')
-        if num_local_crops < 0:
-            raise ValueError(f'num_local_crops must be >= 0, got {num_local_crops}.')
+        check_crop_sizes(global_size, local_size, num_local_crops)
         self.num_local_crops = num_local_crops
         crop_type = 'ContiguousRandomResizedCrop' if fast_transforms else 'RandomResizedCrop'
         jitter = 'FusedColorJitter' if fast_transforms else 'ColorJitter'

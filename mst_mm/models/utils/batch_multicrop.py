@@ -75,6 +75,15 @@ def blur_weights(sigma: torch.Tensor, size: int) -> torch.Tensor:
     return torch.einsum('nk,kij->nij', taps, shifts)
 
 
+def check_crop_sizes(global_size: int, local_size: int, num_local_crops: int) -> None:
+    """Refuse crop settings that cannot make DINO's views, naming the fix."""
+    if local_size > global_size:
+        raise ValueError(f'Local crops ({local_size} px) must not be larger than global '
+                         f'crops ({global_size} px): swap them or shrink local_size.')
+    if num_local_crops < 0:
+        raise ValueError(f'num_local_crops must be >= 0, got {num_local_crops}.')
+
+
 def _to_uint8_grid(x: torch.Tensor) -> torch.Tensor:
     return x.round_().clamp_(0, 255)
 
@@ -135,14 +144,9 @@ class BatchMultiCrop:
     local crops) and solarisation (0.2, second global crop). The random draws come from
     torch's generator, so ``randomness=dict(seed=...)`` fixes them.
 
-    Args:
-        global_size (int): Global crop size. Defaults to 224.
-        local_size (int): Local crop size. Defaults to 96.
-        num_local_crops (int): Defaults to 8.
-        global_scale (tuple): Area range of global crops. Defaults to (0.4, 1.0).
-        local_scale (tuple): Area range of local crops. Defaults to (0.05, 0.4).
-        blur_radius (tuple): Blur standard deviation range in crop pixels.
-            Defaults to (0.1, 2.0).
+    The arguments are ``MultiCrop``'s of the same names, with the same defaults (its
+    resampling choices aside: here always PIL's bicubic); ``blur_radius`` is the blur's
+    standard deviation range in crop pixels.
     """
 
     def __init__(self,
@@ -152,11 +156,7 @@ class BatchMultiCrop:
                  global_scale: Sequence[float] = (0.4, 1.0),
                  local_scale: Sequence[float] = (0.05, 0.4),
                  blur_radius: Sequence[float] = (0.1, 2.0)) -> None:
-        if local_size > global_size:
-            raise ValueError(f'Local crops ({local_size} px) must not be larger than global '
-                             f'crops ({global_size} px): swap them or shrink local_size.')
-        if num_local_crops < 0:
-            raise ValueError(f'num_local_crops must be >= 0, got {num_local_crops}.')
+        check_crop_sizes(global_size, local_size, num_local_crops)
         self.num_local_crops = num_local_crops
         self.blur_radius = tuple(blur_radius)
         # (size, scale, blur and solarize probabilities of each view) of each group of views
