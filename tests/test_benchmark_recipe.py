@@ -64,10 +64,12 @@ def test_one_run_of_this_code_times_both_variants_and_counts_their_flop(tool, tm
 
 def test_the_docs_rows_are_the_tools_rendering_of_the_committed_runs(tool):
     doc = (REPO / 'docs' / 'benchmarks.md').read_text()
-    runs = sorted((REPO / 'docs' / 'results' / 'benchmarks').glob('recipe_*.json'))
-    assert runs, 'no committed recipe run'
+    runs = sorted((REPO / 'docs' / 'results' / 'recipe_speed').glob('*.json'))
+    linked = set(re.findall(r'\(results/recipe_speed/([\w.-]+)\.json\)', doc))
+    assert runs and linked == {run.stem for run in runs}
     for path in runs:
         result = json.loads(path.read_text())
+        assert not any(c.endswith('+dirty') for c in result['commits'].values()), path.name
         run = re.search(r'_([a-z])\.json$', path.name).group(1)
         for row in tool.doc_rows(result, run):
             assert row in doc, (path.name, row)

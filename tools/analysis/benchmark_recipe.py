@@ -293,9 +293,13 @@ def main(argv=None) -> dict:
 
 
 def git_commit(path: str) -> Optional[str]:
+    """The checkout's short commit, with ``+dirty`` when tracked files were changed."""
     done = subprocess.run(['git', '-C', path, 'rev-parse', '--short', 'HEAD'],
                           capture_output=True, text=True)
-    return done.stdout.strip() or None
+    changed = subprocess.run(['git', '-C', path, 'status', '--porcelain', '--untracked-files=no'],
+                             capture_output=True, text=True).stdout.strip()
+    commit = done.stdout.strip()
+    return (commit + ('+dirty' if changed else '')) or None
 
 
 if __name__ == '__main__':

@@ -8,6 +8,7 @@ from mmpretrain.utils import get_ori_model
 
 UNIFORM, ONE_HOT = 'uniform', 'one-hot'
 
+
 def collapse_mode(entropy: float, kl: float, num_prototypes: int,
                   uniform_ratio: float = 0.95, one_hot_ratio: float = 0.05,
                   kl_ratio: float = 0.01) -> Optional[str]:
