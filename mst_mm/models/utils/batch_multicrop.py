@@ -157,7 +157,6 @@ class BatchMultiCrop:
                  local_scale: Sequence[float] = (0.05, 0.4),
                  blur_radius: Sequence[float] = (0.1, 2.0)) -> None:
         check_crop_sizes(global_size, local_size, num_local_crops)
-        self.num_local_crops = num_local_crops
         self.blur_radius = tuple(blur_radius)
         # (size, scale, blur and solarize probabilities of each view) of each group of views
         self.groups = [(global_size, tuple(global_scale), (1.0, 0.1), (0.0, 0.2))]
@@ -282,10 +281,4 @@ class MultiCropDataPreprocessor(SelfSupDataPreprocessor):
                 '(one tensor), got a list: the images differ in size. Resize them to one '
                 'size first, or put MultiCrop in the dataset pipeline instead.')
         views = self.multi_crop(images.to(self.device).float())
-        if self._channel_conversion:
-            views = [view[:, [2, 1, 0]] for view in views]
-        if self._enable_normalize:
-            views = [(view - self.mean) / self.std for view in views]
-        # The data samples hold no training target in self-supervision and stay where the
-        # loader put them: moving 64 of them field by field costs more than the crops.
-        return {'inputs': views, 'data_samples': data.get('data_samples')}
+        return super().forward(dict(data, inputs=views), training)
