@@ -45,3 +45,12 @@ def crops(batch=4, n_local=3, global_size=32, local_size=16, seed=0):
     return ([torch.randn(batch, 3, global_size, global_size, generator=gen) for _ in range(2)]
             + [torch.randn(batch, 3, local_size, local_size, generator=gen)
                for _ in range(n_local)])
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """A tool's main() run in-process may set torch's thread count (the benchmarks set 1): put
+    it back, so that later tests compute as a fresh process does (float sums depend on it)."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)

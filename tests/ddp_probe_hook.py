@@ -1,6 +1,5 @@
-"""Hooks for tests/test_distributed.py: each rank dumps what must agree across ranks, what its
-random streams drew, and its own losses."""
-import json
+"""Hooks for tests/test_distributed.py: each rank dumps what must agree across ranks and what
+its random streams drew."""
 import os.path as osp
 
 import numpy as np
@@ -71,15 +70,3 @@ class RandomnessProbeHook(Hook):
             torch.save(dict(crops=[view.clone() for view in data_batch['inputs']],
                             masks=self.masks, **self.states),
                        osp.join(runner.work_dir, f'randomness_rank{get_rank()}.pth'))
-
-
-@HOOKS.register_module()
-class LossProbeHook(Hook):
-    """Appends this rank's own losses of every iteration to ``losses_rank{r}.jsonl`` (the
-    logger shows rank 0's only), one line per iteration tagged with the run's timestamp."""
-
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        line = dict(run=runner.timestamp, iter=runner.iter + 1,
-                    **{name: float(value) for name, value in outputs.items()})
-        with open(osp.join(runner.work_dir, f'losses_rank{get_rank()}.jsonl'), 'a') as f:
-            f.write(json.dumps(line) + '\n')

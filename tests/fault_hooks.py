@@ -1,21 +1,10 @@
-"""Faults injected into training runs by tests/test_resume.py: a pre-emption (SIGKILL) and
-a student whose loss turns NaN."""
+"""Faults injected into training runs by the tests: a pre-emption (SIGKILL) during a save, a
+student whose loss turns NaN, and an error on one rank."""
 import os
 import signal
 
 from mmengine.hooks import Hook
 from mmpretrain.registry import HOOKS
-
-
-@HOOKS.register_module()
-class KillAtIterationHook(Hook):
-
-    def __init__(self, iteration: int) -> None:
-        self.iteration = iteration
-
-    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        if runner.iter + 1 == self.iteration:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 @HOOKS.register_module()
@@ -34,8 +23,8 @@ class PoisonAtIterationHook(Hook):
 class KillDuringSaveHook(Hook):
     """SIGKILL after half of the given epoch's checkpoint bytes reached the disk."""
 
-    def __init__(self, iteration: int) -> None:
-        self.epoch = iteration  # the name train() in the test passes; here, an epoch
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         if checkpoint['meta']['epoch'] != self.epoch:

@@ -58,6 +58,8 @@ def backward_and_step(model, optim_wrapper, autocast: bool, scale_loss_by: float
                else torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast))
     with context:
         losses = model.loss(crops(), [])
+    # Our casts ([MASK] insertion, attention, the losses) hand float32 losses to the scaler.
+    assert all(v.dtype == torch.float32 for v in losses.values())
     loss = sum(losses.values()) * scale_loss_by
     optim_wrapper.backward(optim_wrapper.scale_loss(loss))
     optim_wrapper.step()
@@ -86,6 +88,7 @@ def test_bf16_losses_and_gradients_are_close_to_fp32(cpu_amp, message_hub):
     assert losses
     for key in losses:
         assert amp[key] == pytest.approx(fp32[key], rel=2e-2), key
+    assert amp_model.backbone.mask_token.grad is not None   # [MASK] is trained under AMP too
     g32, g16 = student_grads(fp32_model), student_grads(amp_model)
     assert torch.cosine_similarity(g32, g16, dim=0) > 0.99
     assert (g16.norm() / g32.norm()).item() == pytest.approx(1.0, abs=0.05)

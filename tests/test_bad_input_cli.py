@@ -1,98 +1,28 @@
-"""Bad input met where users meet it, through ``tools/train.py``: misnamed, empty and text
-files in the image folder, symlink loops and odd entries in it, and a model whose widths
-do not fit."""
-import io
-import os
+"""Bad command lines and configs: malformed ``--cfg-options``, an added key, a config that
+``tools/test.py`` cannot run. Each names the input and the fix; once, in a subprocess, the
+error is checked to be one line on stderr with status 2 and no traceback."""
 import subprocess
 import sys
 
-from PIL import Image
+import pytest
+from mmengine.config import Config
 
-from tests.helpers import DEMO_CONFIG, REPO, make_image_folder
+from mst_mm.engine import check_cfg_options, merge_cfg_options
+from mst_mm.engine.cli import check_test_config
+from mst_mm.errors import UserInputError
+from tests.helpers import DEMO_CONFIG, REPO, load_tool
 
-
-def train(data_root, work_dir, *options, config=DEMO_CONFIG) -> subprocess.CompletedProcess:
-    """One epoch of `config` on `data_root` (4 images a batch, no workers)."""
-    cmd = [sys.executable, str(REPO / 'tools' / 'train.py'), str(config),
-           '--work-dir', str(work_dir), '--cfg-options',
-           f'train_dataloader.dataset.data_root={data_root}',
-           'train_dataloader.batch_size=4', 'train_dataloader.num_workers=0',
-           'train_dataloader.persistent_workers=False', 'train_cfg.max_epochs=1', *options]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+KNN_CONFIG = str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py')
 
 
-def _as(fmt: str, path) -> bytes:
-    buffer = io.BytesIO()
-    Image.open(path).save(buffer, format=fmt)
-    return buffer.getvalue()
-
-
-def test_misnamed_images_train_and_empty_or_text_files_are_named_as_such(tmp_path):
-    # 8 entries, 2 full batches: every file is read once
-    root = make_image_folder(tmp_path / 'data', classes=1, per_class=6)
-    folder = tmp_path / 'data' / 'class_0'
-    (folder / '0.png').write_bytes(_as('JPEG', folder / '0.png'))   # a JPEG named .png
-    os.rename(folder / '1.png', folder / '1.jpg')                   # a PNG named .jpg
-    (folder / 'empty.png').write_bytes(b'')
-    (folder / 'notes.jpg').write_text('these are notes, not a picture\n')
-    # Two broken files fit the budget; the two misnamed images must not count against it.
-    # (The demo config leaves the budget at its default, so a derived config sets it.)
-    config = tmp_path / 'budget_2.py'
-    config.write_text(f'_base_ = [{DEMO_CONFIG!r}]\n'
-                      'train_dataloader = dict(dataset=dict(max_corrupt_images=2))\n')
-    result = train(root, tmp_path / 'work', config=config)
-    log = result.stdout + result.stderr
-    assert result.returncode == 0, log[-3000:]
-    assert 'empty.png: empty file.' in log
-    assert 'notes.jpg: not an image (text).' in log
-    assert 'truncated' not in log
-    assert log.count('although its extension says') == 1
-    assert 'Epoch(train) [1][2/2]' in log
-
-
-def test_symlink_loops_and_odd_entries_do_not_stop_training_and_are_summarised(tmp_path):
-    root = make_image_folder(tmp_path / 'data', classes=1, per_class=4)
-    folder = tmp_path / 'data' / 'class_0'
-    os.symlink('..', folder / 'loop')               # recursion without end
-    os.symlink('self.png', folder / 'self.png')     # a link to itself
-    os.symlink('missing.png', folder / 'gone.png')  # dangling
-    os.mkfifo(folder / 'pipe.png')
-    (folder / 'x.png').mkdir()
-    result = train(root, tmp_path / 'work')
-    log = result.stdout + result.stderr
-    assert result.returncode == 0, log[-3000:]
-    assert f'Ignored 5 entries under {root!r}' in log
-    for part in ('2 x symlink loop: ', 'class_0/loop/', 'class_0/self.png',
-                 '1 x dangling symlink (its target does not exist): class_0/gone.png',
-                 '1 x not a regular file (FIFO): class_0/pipe.png',
-                 '1 x folder named like an image', 'class_0/x.png/'):
-        assert part in log, part
-    assert 'Epoch(train) [1][1/1]' in log
-
-
-def test_mismatched_widths_stop_the_run_at_build_time_naming_the_keys(tmp_path):
-    root = make_image_folder(tmp_path / 'data', classes=1, per_class=4)
-    result = train(root, tmp_path / 'work', 'model.neck.in_channels=64',
-                   'model.head.out_channels=512', 'model.decoder_head.in_channels=32')
-    log = result.stdout + result.stderr
-    assert result.returncode != 0
-    for line in (
-            'model.neck.in_channels=64 but the backbone (MaskViT with a custom arch) outputs '
-            '96 channels: set model.neck.in_channels=96.',
-            'model.head.out_channels=512 but model.neck.out_channels=1024 (the number of '
-            'prototypes): set model.head.out_channels=1024 (or model.neck.out_channels=512).',
-            'model.decoder_head.in_channels=32 but the backbone (MaskViT with a custom arch) '
-            'outputs 96 channels: set model.decoder_head.in_channels=96.'):
-        assert line in log, log[-3000:]
-    assert 'Epoch(train)' not in log and 'mat1 and mat2' not in log
-
-
+@pytest.mark.slow
 def test_test_py_on_a_pretraining_config_says_what_to_run_instead(tmp_path):
     checkpoint = tmp_path / 'epoch_10.pth'   # never opened: the config is refused first
     cmd = [sys.executable, str(REPO / 'tools' / 'test.py'), DEMO_CONFIG, str(checkpoint)]
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 2, result.stderr[-3000:]
-    assert 'is a pretraining config (model type MST)' in result.stderr
+    assert (f'test.py: error: {DEMO_CONFIG} is a pretraining config (model type MST)'
+            in result.stderr), result.stderr[-3000:]
     # The k-NN config of the same (demo) backbone, with the checkpoint filled in; the DeiT-S
     # benchmarks do not fit the demo's tiny ViT and are not offered.
     assert ('python tools/analysis/knn_eval.py configs/benchmarks/knn/knn_vit-tiny_demo.py '
@@ -103,13 +33,8 @@ def test_test_py_on_a_pretraining_config_says_what_to_run_instead(tmp_path):
 
 
 def test_check_test_config_offers_the_benchmarks_of_the_same_backbone():
-    import pytest
-    from mmengine.config import Config
-
-    from mst_mm.engine import NotATestConfigError
-    from mst_mm.engine.cli import check_test_config
     cfg = Config(dict(model=dict(type='MST')))
-    with pytest.raises(NotATestConfigError) as error:
+    with pytest.raises(UserInputError) as error:
         check_test_config(cfg, 'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py', 'C.pth')
     message = str(error.value)
     for expected in (
@@ -123,6 +48,54 @@ def test_check_test_config_offers_the_benchmarks_of_the_same_backbone():
     assert 'swin' not in message and 'vit-tiny' not in message
     # A config with a test split passes; one without and no MST says what it lacks.
     check_test_config(Config(dict(test_dataloader=dict(), test_evaluator=dict())), 'x.py', 'c')
-    with pytest.raises(NotATestConfigError, match='x.py has no test_evaluator'):
+    with pytest.raises(UserInputError, match='x.py has no test_evaluator'):
         check_test_config(Config(dict(model=dict(type='ImageClassifier'),
                                       test_dataloader=dict())), 'x.py', 'c')
+
+
+def test_tools_test_py_sends_a_knn_config_to_the_knn_tool(tmp_path):
+    with pytest.raises(UserInputError) as refused:
+        load_tool('tools/test.py').main([KNN_CONFIG, str(tmp_path / 'c.pth'), '--work-dir',
+                                         str(tmp_path / 'work')])
+    assert 'is a k-NN config: run it with the k-NN tool' in str(refused.value)
+    assert f'tools/analysis/knn_eval.py {KNN_CONFIG} {tmp_path / "c.pth"}' in str(refused.value)
+    assert not (tmp_path / 'work').exists()
+
+
+@pytest.mark.parametrize('option, fragments', [
+    ('model.mask_cfg.p', ['no "=" in \'model.mask_cfg.p\'', 'KEY=VALUE']),
+    ('model.mask_cfg.p=[0.1',
+     ["unbalanced brackets in the value of model.mask_cfg.p: '[0.1'", 'KEY=[a,b]']),
+    ('model.mask_cfg.p=[(0.1])', ['unbalanced brackets']),
+    ('model.mask_cfg.p="0.1', ['unmatched " in the value of model.mask_cfg.p']),
+])
+def test_bad_cfg_options_name_the_option_and_the_expected_form(option, fragments, tmp_path,
+                                                                capsys):
+    with pytest.raises(SystemExit) as exit_status:
+        load_tool('tools/train.py').main([DEMO_CONFIG, '--work-dir', str(tmp_path / 'work'),
+                                          '--cfg-options', 'train_cfg.max_epochs=1', option])
+    assert exit_status.value.code == 2
+    stderr = capsys.readouterr().err
+    for fragment in fragments:
+        assert fragment in stderr, stderr
+    assert not (tmp_path / 'work').exists()
+
+
+def test_cfg_options_add_new_keys_as_mmengine_does_and_name_them_in_a_warning():
+    cfg = Config.fromfile(DEMO_CONFIG)
+    options = {'model.mask_cfg.p': 0.2, 'custom_hooks.0.start': 0.05,
+               'model.mask_cfg.pp': 0.3, 'brand.new.dict': 2}
+    with pytest.warns(UserWarning) as caught:
+        merge_cfg_options(cfg, options)
+    message = str(caught[0].message)
+    assert "model.mask_cfg has no key 'pp' (did you mean 'model.mask_cfg.p'?)" in message
+    assert 'Its keys are: mode, num, p.' in message
+    assert "the config has no key 'brand'" in message
+    assert 'custom_hooks.0.start' not in message and "'model.mask_cfg.p=" not in message
+    assert (cfg.model.mask_cfg.p, cfg.model.mask_cfg.pp) == (0.2, 0.3)
+    assert cfg.custom_hooks[0].start == 0.05 and cfg.brand.new.dict == 2
+    assert check_cfg_options(cfg, {'model.mask_cfg.p': 0.1}) == []   # nothing added: silent
+    with pytest.raises(UserInputError, match=r'custom_hooks is a list of \d items'):
+        check_cfg_options(cfg, {'custom_hooks.9.start': 0.05})
+    with pytest.raises(UserInputError, match=r'model.mask_cfg.p is 0.2 \(float\), not a dict'):
+        check_cfg_options(cfg, {'model.mask_cfg.p.x': 1})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mst_mm.datasets.animal_shapes import write_object_images
+from mst_mm.evidence.animal_shapes import write_object_images
 from tests.helpers import load_tool
 from tests.test_animal_shapes import small_package  # noqa: F401  (fixture)
 
@@ -45,6 +45,7 @@ def test_ratios_are_taken_inside_each_repetition(tool):
     assert ratios['this: mst / dino images/s']['max'] == pytest.approx(0.7)
 
 
+@pytest.mark.slow
 def test_one_run_of_this_code_times_both_variants_and_counts_their_flop(tool, tmp_path,
                                                                         small_package):  # noqa: F811
     data_root = tmp_path / 'animals'

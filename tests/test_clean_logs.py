@@ -10,7 +10,6 @@ from mmengine.registry import DefaultScope
 from mmpretrain.registry import MODELS
 
 import mst_mm  # noqa: F401  (registers the constructor)
-from mst_mm.engine import ema_momentum
 from tests.helpers import DEMO_CONFIG, make_image_folder, mmlogger_records, scalars, tiny_runner_cfg
 
 
@@ -64,20 +63,6 @@ def test_a_frozen_student_parameter_still_gets_mmengines_warning():
         build_optim_wrapper(model, cfg.optim_wrapper)
     messages = [r.getMessage() for r in records if 'requires_grad=False' in r.getMessage()]
     assert messages == ['backbone.cls_token is skipped since its requires_grad=False']
-
-
-def test_ema_momentum_is_the_ema_rule_of_the_model():
-    from mmengine.logging import MessageHub
-    from mmpretrain.models.utils import CosineEMA
-    MessageHub.get_current_instance().update_info('max_iters', 100)
-    ema = CosineEMA(torch.nn.Linear(2, 2), momentum=0.004, end_momentum=0.0)
-    for steps in (0, 25, 50, 100):
-        expected = 0.004 * (math.cos(math.pi * steps / 100) + 1) / 2
-        assert ema_momentum(ema, steps) == pytest.approx(expected, abs=1e-9)
-        # ... and it is what the model's own update does to a parameter.
-        average, source = torch.zeros(()), torch.ones(())
-        ema.avg_func(average, source, steps)
-        assert float(average) == pytest.approx(ema_momentum(ema, steps))
 
 
 def test_weight_decay_and_teacher_momentum_are_logged_every_iteration(tmp_path):

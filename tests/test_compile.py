@@ -6,6 +6,7 @@ them; ``StudentOptimWrapperConstructor`` gives plain dicts (tests/test_clean_log
 The ``eager`` backend runs what dynamo captured without code generation: the same
 operations, so the same numbers.
 """
+import pytest
 import torch
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
@@ -31,6 +32,7 @@ def demo_step():
     return model, optim_wrapper, dict(inputs=views, data_samples=None)
 
 
+@pytest.mark.slow
 def test_compiled_train_step_trains_as_the_eager_one(message_hub):
     """Two steps compiled (dynamo, eager backend) against two eager steps from the same
     state: the same losses and the same student and teacher afterwards."""

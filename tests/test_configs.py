@@ -155,6 +155,7 @@ def test_the_short_name_is_an_alias_of_the_recipe(alias):
 @pytest.mark.parametrize('config, backbone_params', [
     ('configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py', 21.7e6),
     (f'configs/mst/mst_swin-t-p4-w7_{SCHEDULE_100E}.py', 27.5e6)])
+@pytest.mark.slow
 def test_full_recipe_runs_one_step_at_batch_two(config, backbone_params, tmp_path):
     cfg = Config.fromfile(str(REPO / config))
     assert cfg.train_dataloader.batch_size * 8 == 1024

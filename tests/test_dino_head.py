@@ -4,34 +4,60 @@ import torch
 
 from mst_mm.models import DINODistillHead
 
+K, BATCH = 64, 3
 
-def direct_dino_loss(student, teacher, center, n_crops, t_s, t_t):
-    """Eq. 2 written out pair by pair, sample by sample."""
+
+def direct_dino_loss(student, teacher, center, num_crops, t_s, t_t):
+    """Eq. 2 written out pair by pair, sample by sample, in float64: the cross-entropy
+    H(P_t, P_s) over every (teacher global crop i, student crop j != i) pair."""
+    student, teacher, center = student.double(), teacher.double(), center.double()
     batch = teacher.shape[0] // 2
-    total, pairs = 0.0, 0
+    pairs = []
     for i in range(2):
-        for j in range(n_crops):
+        for j in range(num_crops):
             if i == j:
                 continue
+            total = 0.
             for b in range(batch):
-                t = teacher[i * batch + b]
-                s = student[j * batch + b]
+                t, s = teacher[i * batch + b], student[j * batch + b]
                 p_t = torch.exp((t - center[0]) / t_t) / torch.exp((t - center[0]) / t_t).sum()
                 p_s = torch.exp(s / t_s) / torch.exp(s / t_s).sum()
-                total += float(-(p_t * torch.log(p_s)).sum()) / batch
-            pairs += 1
-    return total / pairs
+                total = total - (p_t * torch.log(p_s)).sum() / batch
+            pairs.append(total)
+    return sum(pairs) / len(pairs)
 
 
-def test_loss_matches_direct_formula_and_weight():
-    torch.manual_seed(0)
-    head = DINODistillHead(out_channels=10, student_temp=0.1, teacher_temp=0.05, loss_weight=0.7)
-    head.center.copy_(torch.randn(1, 10) * 0.1)
+@pytest.mark.parametrize('num_crops', [2, 4, 10])
+def test_loss_and_its_gradient_match_eq2_written_out(num_crops):
+    gen = torch.Generator().manual_seed(num_crops)
+    student = (torch.randn(num_crops * BATCH, K, generator=gen) * 3).requires_grad_()
+    teacher = torch.randn(2 * BATCH, K, generator=gen) * 3
+    head = DINODistillHead(K, student_temp=0.1, teacher_temp=0.05, loss_weight=0.7)
+    head.center.copy_(torch.randn(1, K, generator=gen))
     center = head.center.clone()
-    student, teacher = torch.randn(4 * 3, 10), torch.randn(2 * 3, 10)
-    loss = head.loss(student, teacher)
-    expected = 0.7 * direct_dino_loss(student, teacher, center, 4, 0.1, 0.05)
-    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+    out = head.loss_and_diagnostics(student, teacher)
+    expected = 0.7 * direct_dino_loss(student, teacher, center, num_crops, 0.1, 0.05)
+    torch.testing.assert_close(out['loss_dino'].double(), expected, rtol=1e-6, atol=0)
+    grad, = torch.autograd.grad(out['loss_dino'], student)
+    expected_grad, = torch.autograd.grad(expected, student)
+    torch.testing.assert_close(grad, expected_grad.float(), rtol=1e-5, atol=1e-9)
+    # The logged diagnostics split the cross-entropy: H(P_t, P_s) = H(P_t) + KL(P_t || P_s).
+    torch.testing.assert_close((out['teacher_student_kl'] + out['teacher_entropy']).double(),
+                               expected.detach() / 0.7, rtol=1e-6, atol=0)
+
+
+def test_loss_is_computed_in_float32_under_autocast():
+    gen = torch.Generator().manual_seed(0)
+    student = torch.randn(4 * BATCH, K, generator=gen).bfloat16()
+    teacher = torch.randn(2 * BATCH, K, generator=gen).bfloat16()
+    head = DINODistillHead(K, student_temp=0.1, teacher_temp=0.04)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = head.loss_and_diagnostics(student, teacher)
+    assert all(v.dtype == torch.float32 for v in out.values())
+    # bfloat16 products would be ~1e-3 off; float32 ones agree with float64 to ~1e-7.
+    expected = direct_dino_loss(student, teacher, torch.zeros(1, K), 4, 0.1, 0.04)
+    torch.testing.assert_close(out['loss_dino'].double(), expected, rtol=1e-6, atol=0)
 
 
 def test_center_is_an_ema_of_the_teacher_mean():

@@ -120,6 +120,7 @@ def dino_mode():
     return cfg, model.train()
 
 
+@pytest.mark.slow
 def test_one_dino_step_of_the_full_recipe_follows_dinos_rules(dino_mode):
     cfg, model = dino_mode
     gen = torch.Generator().manual_seed(0)

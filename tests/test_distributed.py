@@ -1,5 +1,5 @@
-"""tools/dist_train.sh with 2 processes (torchrun, gloo, CPU): the config trains under DDP."""
-import json
+"""tools/dist_train.sh and tools/slurm_train.sh with 2 processes (gloo, CPU): the config
+trains under DDP, the ranks draw different random numbers and keep identical weights."""
 import os
 import shutil
 import socket
@@ -12,7 +12,6 @@ from typing import Optional, Sequence, Union
 import pytest
 import torch
 
-from mst_mm.engine import load_local_checkpoint
 from tests.helpers import DEMO_CONFIG, REPO, make_image_folder
 
 
@@ -23,18 +22,17 @@ def free_port() -> int:
 
 
 def dist_train_two_processes(tmp_path, hook_modules: Union[str, Sequence[str]], extra: str,
-                             *train_args: str, data_root: Optional[str] = None,
+                             data_root: Optional[str] = None,
                              num_workers: int = 0, slurm: bool = False, **run_kwargs):
     """tools/dist_train.sh (or, with ``slurm``, tools/slurm_train.sh through the fake srun
     and scontrol of tests/fake_slurm) with 2 gloo processes on the demo config and a tiny
-    folder.
+    folder, wrapped in tests/cpu_distributed.py's DDP for CPU models.
 
     Args:
         tmp_path (Path): Holds the config, the work dir ``work`` and, unless ``data_root``
             is given, the images.
         hook_modules (str | Sequence[str]): Modules for ``custom_imports`` besides mst_mm.
         extra (str): Config lines appended to the generated config.
-        *train_args (str): More arguments for tools/train.py, e.g. ``--resume``.
         data_root (str, optional): An image folder to train on instead of a new one.
         num_workers (int): Data-loader workers per rank.
         **run_kwargs: Passed to ``subprocess.run``.
@@ -48,7 +46,11 @@ def dist_train_two_processes(tmp_path, hook_modules: Union[str, Sequence[str]], 
         f'train_dataloader = dict(batch_size=4, num_workers={num_workers},\n'
         f'                        persistent_workers=False,\n'
         f'                        dataset=dict(data_root={str(data_root)!r}))\n'
-        'train_cfg = dict(max_epochs=2)\n' + extra)
+        'train_cfg = dict(max_epochs=2)\n'
+        # mmengine's default wrapper's settings, with a wrapper that also takes a CPU model.
+        "model_wrapper_cfg = dict(type='tests.cpu_distributed.DeviceAgnosticDDP',\n"
+        '                         broadcast_buffers=False, find_unused_parameters=False)\n'
+        + extra)
     # tools/dist_train.sh runs `python -m torch.distributed.run`: put this interpreter first.
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS='1', PORT=str(free_port()),
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
@@ -57,9 +59,9 @@ def dist_train_two_processes(tmp_path, hook_modules: Union[str, Sequence[str]], 
         env.update(GPUS='2', GPUS_PER_NODE='2', MASTER_PORT=env.pop('PORT'),
                    PATH=str(REPO / 'tests' / 'fake_slurm') + os.pathsep + env['PATH'])
         cmd = ['bash', str(REPO / 'tools' / 'slurm_train.sh'), 'cpu', 'mst-test', str(config),
-               str(tmp_path / 'work'), *train_args]
+               str(tmp_path / 'work')]
     else:
-        cmd += ['--work-dir', str(tmp_path / 'work'), *train_args]
+        cmd += ['--work-dir', str(tmp_path / 'work')]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600, **run_kwargs), config
 
@@ -80,27 +82,56 @@ def assert_ranks_agree(work_dir) -> None:
                                    rtol=0, atol=0, msg=key)
 
 
+def one_image_folder(root: Path) -> str:
+    """16 copies of one image in 2 classes: the ranks' crops can differ only by randomness."""
+    source = Path(make_image_folder(root / 'source', classes=1, per_class=1)) / 'class_0'
+    for c in range(2):
+        folder = root / 'images' / f'class_{c}'
+        folder.mkdir(parents=True)
+        for i in range(8):
+            shutil.copy(source / '0.png', folder / f'{i}.png')
+    return str(root / 'images')
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize('slurm', [False, True], ids=['dist_train.sh', 'slurm_train.sh'])
-def test_two_process_ddp_keeps_teacher_and_centre_identical(tmp_path, slurm):
+def test_two_process_ddp_draws_differently_per_rank_and_keeps_identical_weights(tmp_path,
+                                                                               slurm):
     result, _ = dist_train_two_processes(
         tmp_path, 'tests.ddp_probe_hook',
         "custom_hooks = [dict(type='TeacherTempWarmupHook', warmup_epochs=2),\n"
         "                dict(type='FreezeLastLayerHook', freeze_epochs=1),\n"
-        "                dict(type='DDPProbeHook')]\n"
-        "default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=2))\n",
+        "                dict(type='DDPProbeHook'), dict(type='RandomnessProbeHook')]\n"
+        "default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=2))\n"
+        # Random masks hang on the generator alone, not also on the crops via the attention.
+        "model = dict(mask_cfg=dict(mode='random'))\n",
+        data_root=one_image_folder(tmp_path / 'data'), num_workers=1,  # a worker's seeding
         slurm=slurm)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert_ranks_agree(tmp_path / 'work')
+    work_dir = tmp_path / 'work'
+    assert_ranks_agree(work_dir)
     # DINO's freeze under DDP without find_unused_parameters: the last layer's gradient
     # flows (DDP reduces it) and is cancelled before the update, in epoch 1 only.
     for rank in (0, 1):
-        probe = torch.load(tmp_path / 'work' / f'probe_rank{rank}.pth', weights_only=True)
+        probe = torch.load(work_dir / f'probe_rank{rank}.pth', weights_only=True)
         assert probe['find_unused_parameters'] is False
         start, after_epoch_1, after_epoch_2 = probe['last_layer']
         assert torch.equal(after_epoch_1, start)
         assert not torch.equal(after_epoch_2, after_epoch_1)
 
+    # randomness.diff_rank_seed: the same image, different crops, masks and generators.
+    ranks = [torch.load(work_dir / f'randomness_rank{r}.pth', weights_only=True)
+             for r in (0, 1)]
+    assert len(ranks[0]['crops']) == 2 + 4 and len(ranks[0]['masks']) == 1
+    for view, (crops_0, crops_1) in enumerate(zip(ranks[0]['crops'], ranks[1]['crops'])):
+        assert not torch.equal(crops_0, crops_1), f'view {view}: the same crops on both ranks'
+    assert ranks[0]['masks'][0].any()
+    assert not torch.equal(ranks[0]['masks'][0], ranks[1]['masks'][0])
+    assert not torch.equal(ranks[0]['torch'], ranks[1]['torch'])   # drop-path's generator
+    assert not torch.equal(ranks[0]['numpy'], ranks[1]['numpy'])
 
+
+@pytest.mark.slow
 def test_an_exception_on_one_rank_ends_both_processes(tmp_path):
     start = time.monotonic()
     # Rank 0 waits in the next all-reduce; the launcher must end it, not the 600 s timeout.
@@ -115,73 +146,3 @@ def test_an_exception_on_one_rank_ends_both_processes(tmp_path):
     assert elapsed < 180, f'took {elapsed:.0f} s'
     leftover = subprocess.run(['pgrep', '-f', str(config)], capture_output=True, text=True)
     assert leftover.stdout.strip() == '', 'a rank outlived the failure'
-
-
-def one_image_folder(root: Path) -> str:
-    """16 copies of one image in 2 classes: the ranks' crops can differ only by randomness."""
-    source = Path(make_image_folder(root / 'source', classes=1, per_class=1)) / 'class_0'
-    for c in range(2):
-        folder = root / 'images' / f'class_{c}'
-        folder.mkdir(parents=True)
-        for i in range(8):
-            shutil.copy(source / '0.png', folder / f'{i}.png')
-    return str(root / 'images')
-
-
-def test_ranks_draw_different_crops_and_masks_but_keep_identical_weights(tmp_path):
-    result, _ = dist_train_two_processes(
-        tmp_path, 'tests.ddp_probe_hook',
-        "custom_hooks = [dict(type='DDPProbeHook'), dict(type='RandomnessProbeHook')]\n"
-        # Random masks hang on the generator alone, not also on the crops via the attention.
-        "model = dict(mask_cfg=dict(mode='random'))\n",
-        data_root=one_image_folder(tmp_path / 'data'), num_workers=1)  # a worker's seeding
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    work_dir = tmp_path / 'work'
-
-    ranks = [torch.load(work_dir / f'randomness_rank{r}.pth', weights_only=True)
-             for r in (0, 1)]
-    assert len(ranks[0]['crops']) == 2 + 4 and len(ranks[0]['masks']) == 1
-    for view, (crops_0, crops_1) in enumerate(zip(ranks[0]['crops'], ranks[1]['crops'])):
-        assert not torch.equal(crops_0, crops_1), f'view {view}: the same crops on both ranks'
-    assert ranks[0]['masks'][0].any()
-    assert not torch.equal(ranks[0]['masks'][0], ranks[1]['masks'][0])
-    assert not torch.equal(ranks[0]['torch'], ranks[1]['torch'])   # drop-path's generator
-    assert not torch.equal(ranks[0]['numpy'], ranks[1]['numpy'])
-    assert_ranks_agree(work_dir)   # different randomness, the same weights
-
-
-def rank_losses(work_dir: Path, rank: int) -> dict:
-    """{iteration: losses} of the latest run that LossProbeHook recorded on `rank`."""
-    with open(work_dir / f'losses_rank{rank}.jsonl') as f:
-        lines = [json.loads(line) for line in f]
-    latest = lines[-1]['run']
-    return {line['iter']: {k: v for k, v in line.items() if k.startswith('loss')}
-            for line in lines if line['run'] == latest}
-
-
-def test_two_process_resume_repeats_every_ranks_losses_bit_for_bit(tmp_path):
-    # 16 images, 2 ranks, batches of 4: 2 iterations an epoch, a checkpoint after each epoch.
-    extra = ("custom_hooks = [dict(type='LossProbeHook')]\n"
-             "default_hooks = dict(checkpoint=dict(interval=1, max_keep_ckpts=2))\n")
-    (tmp_path / 'straight').mkdir()
-    straight, _ = dist_train_two_processes(tmp_path / 'straight', 'tests.ddp_probe_hook', extra,
-                                           num_workers=1)
-    assert straight.returncode == 0, straight.stdout[-3000:] + straight.stderr[-3000:]
-    epoch_1 = tmp_path / 'straight' / 'work' / 'epoch_1.pth'
-    saved = load_local_checkpoint(str(epoch_1))['random_state']['per_rank']  # as --resume
-    assert len(saved) == 2 and not torch.equal(saved[0]['torch'], saved[1]['torch'])
-
-    # Stopped after epoch 1: its checkpoint resumed in a fresh work dir.
-    (tmp_path / 'resumed').mkdir()
-    resumed, _ = dist_train_two_processes(tmp_path / 'resumed', 'tests.ddp_probe_hook', extra,
-                                          '--resume', str(epoch_1), num_workers=1)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert 'resumed epoch: 1' in resumed.stdout + resumed.stderr
-
-    for rank in (0, 1):
-        reference = rank_losses(tmp_path / 'straight' / 'work', rank)
-        assert sorted(reference) == [1, 2, 3, 4]
-        second_epoch = rank_losses(tmp_path / 'resumed' / 'work', rank)
-        assert sorted(second_epoch) == [3, 4]
-        for it in (3, 4):
-            assert second_epoch[it] == reference[it], f'rank {rank}, iteration {it} differs'

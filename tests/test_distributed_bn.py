@@ -2,12 +2,13 @@
 import os
 import socket
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 
-from mst_mm.engine import CPUSyncBatchNorm
+from tests.cpu_distributed import CPUSyncBatchNorm
 
 
 def _free_port() -> int:
@@ -51,6 +52,7 @@ def _two_ranks_and_one_big_batch(x, tmp_path, ref_dtype=torch.float32):
     return ranks, ref.float(), y.detach().float(), full.grad.float()
 
 
+@pytest.mark.slow
 def test_two_rank_statistics_and_gradients_match_one_big_batch(tmp_path):
     x = torch.randn(8, 3, 4, 4, generator=torch.Generator().manual_seed(1))
     ranks, ref, y, grad = _two_ranks_and_one_big_batch(x, tmp_path)
@@ -64,6 +66,7 @@ def test_two_rank_statistics_and_gradients_match_one_big_batch(tmp_path):
         torch.testing.assert_close(r['var'], ref.running_var)
 
 
+@pytest.mark.slow
 def test_large_mean_small_spread_stays_accurate(tmp_path):
     # 300 + 0.01 * N(0, 1) in float32: E[x^2] - mean^2 subtracts two numbers near 90000 whose
     # float32 spacing (0.008) is far above the variance (1e-4), and gave a negative variance,

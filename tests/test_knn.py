@@ -1,6 +1,10 @@
 """Chunked weighted k-NN equals a brute-force computation."""
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from mst_mm.evaluation import knn_top1, weighted_knn_scores
 
@@ -15,6 +19,29 @@ def brute_force_votes(train, labels, query, num_classes, k, t):
         for sim, y in sims[:k]:
             votes[i, y] += torch.exp(torch.tensor(sim / t, dtype=torch.float64))
     return votes
+
+
+def read_split(root, split, preprocessor):
+    """``root/split/<class>/*.png`` read with PIL (RGB) and normalised by hand with the
+    preprocessor's statistics, and their labels (sorted class folders, sorted files)."""
+    paths = sorted(Path(root, split).glob('*/*.png'))
+    images = np.stack([np.array(Image.open(p).convert('RGB')) for p in paths])
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).float()
+    x = (x - preprocessor.mean.reshape(1, 3, 1, 1)) / preprocessor.std.reshape(1, 3, 1, 1)
+    classes = sorted({p.parent.name for p in paths})
+    return x, torch.tensor([classes.index(p.parent.name) for p in paths])
+
+
+def hand_knn_top1(embed, preprocessor, root, ks, splits=('train', 'val')) -> dict:
+    """Brute-force k-NN top-1 (%) of ``embed``'s features of the two splits."""
+    with torch.no_grad():
+        (train, train_labels), (val, val_labels) = (
+            (embed(x), labels) for x, labels in (read_split(root, s, preprocessor)
+                                                 for s in splits))
+    num_classes = int(train_labels.max()) + 1
+    return {k: float((brute_force_votes(train, train_labels, val, num_classes,
+                                        min(k, len(train)), 0.07).argmax(1)
+                      == val_labels).float().mean() * 100) for k in ks}
 
 
 @pytest.mark.parametrize('chunk_size', [7, 64, 4096])
@@ -69,6 +96,7 @@ def test_embedder_loads_the_chosen_mst_backbone_with_exact_keys(weights):
         torch.testing.assert_close(value, source.state_dict()[name])
 
 
+@pytest.mark.slow
 def test_knn_test_loop_equals_direct_computation(tmp_path):
     from mmengine.runner import Runner
 
@@ -104,11 +132,11 @@ def test_knn_eval_tool_prints_and_writes_json(tmp_path, capsys):
     import json
 
     from tests.helpers import REPO, load_tool, make_image_folder
-    mst, _ = _tiny_mst_and_embedder()
+    mst, knn_cfg = _tiny_mst_and_embedder()
     ckpt = tmp_path / 'mst.pth'
     torch.save({'state_dict': mst.state_dict()}, ckpt)
-    make_image_folder(tmp_path / 'd' / 'train', classes=2, per_class=4)
-    make_image_folder(tmp_path / 'd' / 'val', classes=2, per_class=2, seed=3)
+    make_image_folder(tmp_path / 'd' / 'train', classes=3, per_class=5)
+    make_image_folder(tmp_path / 'd' / 'val', classes=3, per_class=4, seed=3)
     tool = load_tool('tools/analysis/knn_eval.py')
     out = tmp_path / 'knn.json'
     result = tool.main([str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py'), str(ckpt),
@@ -116,14 +144,22 @@ def test_knn_eval_tool_prints_and_writes_json(tmp_path, capsys):
                         '--cfg-options', f'data_root={tmp_path / "d"}',
                         f'test_dataloader.dataset.data_root={tmp_path / "d" / "val"}',
                         f'test_cfg.train_dataloader.dataset.data_root={tmp_path / "d" / "train"}'])
-    assert set(result) == {1, 3} and all(0 <= v <= 100 for v in result.values())
+    from mmpretrain.registry import MODELS
+    embedder = MODELS.build(knn_cfg.model)
+    embedder.load_state_dict(mst.state_dict())
+    embedder.eval()
+    expected = hand_knn_top1(lambda x: embedder(x, mode='tensor'), embedder.data_preprocessor,
+                             tmp_path / 'd', ks=(1, 3))
+    assert result == pytest.approx(expected)
     assert json.loads(out.read_text()) == {f'top1_k{k}': v for k, v in result.items()}
     assert '|   k | top-1 (%) |' in capsys.readouterr().out
-    with pytest.raises(FileNotFoundError, match='does not exist'):
+    from mst_mm.errors import CheckpointError
+    with pytest.raises(CheckpointError, match='does not exist'):
         tool.main([str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py'),
                    str(tmp_path / 'missing.pth')])
 
 
+@pytest.mark.slow
 def test_knn_eval_with_two_processes_gives_the_single_process_numbers(tmp_path):
     """--launcher pytorch: two gloo processes share the embedding, rank 0 votes and writes."""
     import json
@@ -143,7 +179,8 @@ def test_knn_eval_with_two_processes_gives_the_single_process_numbers(tmp_path):
             '--ks', '1', '3', '--cfg-options',
             f'test_dataloader.dataset.data_root={tmp_path / "d" / "val"}',
             f'test_cfg.train_dataloader.dataset.data_root={tmp_path / "d" / "train"}',
-            'test_dataloader.batch_size=2', 'test_cfg.train_dataloader.batch_size=2']
+            'test_dataloader.batch_size=2', 'test_cfg.train_dataloader.batch_size=2',
+            'model_wrapper_cfg.type=tests.cpu_distributed.DeviceAgnosticDDP']  # DDP on CPU
     single = load_tool('tools/analysis/knn_eval.py').main(
         [*args[:2], '--out', str(tmp_path / 'one.json'), '--work-dir', str(tmp_path / 'w1'),
          *args[2:]])
@@ -160,6 +197,7 @@ def test_knn_eval_with_two_processes_gives_the_single_process_numbers(tmp_path):
     assert result.stdout.count('|   k | top-1 (%) |') == 1   # rank 0 alone prints
 
 
+@pytest.mark.slow
 def test_knn_eval_under_srun_evaluates_with_two_gloo_ranks(tmp_path):
     """knn_eval.py --launcher slurm through tests/fake_slurm's srun: two CPU ranks (gloo,
     chosen because there is no GPU) give the single process's k-NN numbers."""
@@ -178,7 +216,8 @@ def test_knn_eval_under_srun_evaluates_with_two_gloo_ranks(tmp_path):
     config = str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py')
     options = ['--cfg-options', f'test_dataloader.dataset.data_root={tmp_path / "d" / "val"}',
                f'test_cfg.train_dataloader.dataset.data_root={tmp_path / "d" / "train"}',
-               'test_dataloader.batch_size=2', 'test_cfg.train_dataloader.batch_size=2']
+               'test_dataloader.batch_size=2', 'test_cfg.train_dataloader.batch_size=2',
+               'model_wrapper_cfg.type=tests.cpu_distributed.DeviceAgnosticDDP']  # DDP on CPU
     single = load_tool('tools/analysis/knn_eval.py').main(
         [config, str(ckpt), '--work-dir', str(tmp_path / 'w1'), *options])
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS='1', GPUS='2',

@@ -1,6 +1,4 @@
 """MST.loss(): Algorithm 2 end to end on a tiny ViT."""
-import math
-
 import pytest
 import torch
 from mmpretrain.registry import MODELS
@@ -41,23 +39,6 @@ def test_teacher_pairs_by_name_without_mask_token_decoder_or_drop_path():
     drop_paths = [m.drop_prob for m in model.teacher.module.modules() if hasattr(m, 'drop_prob')]
     assert drop_paths and max(drop_paths) == 0
     assert all(not p.requires_grad for p in model.teacher.parameters())
-
-
-def test_ema_update_matches_formula(message_hub):
-    model = build()
-    model.loss(crops(), [])  # step 0: the teacher becomes a copy of the student
-    for p in model.backbone.parameters():
-        p.data.add_(torch.randn_like(p) * 0.01)
-    before = {k: v.clone() for k, v in model.teacher.avg_parameters.items()}
-    student = dict(torch.nn.Sequential(model.backbone, model.neck).named_parameters())
-    model.loss(crops(), [])  # step 1
-    steps, max_iters = 1, message_hub.get_info('max_iters')
-    m = 0.0 - (0.0 - 0.004) * (math.cos(math.pi * steps / max_iters) + 1) / 2
-    for name, old in before.items():
-        expected = (1 - m) * old + m * student[name].detach()
-        torch.testing.assert_close(model.teacher.avg_parameters[name], expected)
-    changed = [n for n in before if not torch.equal(before[n], model.teacher.avg_parameters[n])]
-    assert changed
 
 
 def test_student_global_crops_are_masked_by_the_teachers_attention(message_hub):
@@ -108,15 +89,3 @@ def test_bad_values_fail_at_build_time():
         build(decoder_head=dict(type='ImageDecoderHead', in_channels=32, channels=(8, 8)))
     with pytest.raises(ValueError, match='loss_weight'):
         build(head=dict(type='DINODistillHead', out_channels=128, loss_weight=-1.0))
-
-
-def test_mixed_precision_forward_and_backward(message_hub):
-    # mmengine's AmpOptimWrapper needs a GPU; autocast on CPU (bfloat16) exercises the same
-    # dtype paths of our code: [MASK] insertion, attention, loss casts.
-    model = build()
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        losses = model.loss(crops(), [])
-    assert all(v.dtype == torch.float32 and torch.isfinite(v) for v in losses.values())
-    sum(losses.values()).backward()
-    assert model.backbone.mask_token.grad is not None
-    assert torch.isfinite(model.backbone.patch_embed.projection.weight.grad).all()

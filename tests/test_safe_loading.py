@@ -1,15 +1,18 @@
-"""Weights-only loading reads mmengine checkpoints and still refuses code in a pickle."""
+"""Weights-only loading reads mmengine checkpoints, refuses code in a pickle, names a broken
+file, and allows mmengine's globals for its own loads only."""
 import os
 import pickle
 
+import numpy as np
 import pytest
 import torch
+from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.runner import CheckpointLoader
 
-import mst_mm  # noqa: F401
-from mst_mm.engine import build_runner, install_weights_only_loader, load_checkpoint_safely
+from mst_mm.engine import build_runner, read_checkpoint
 from mst_mm.engine.safe_loading import _history_buffer_method
-from tests.helpers import REPO, load_tool, make_image_folder, tiny_runner_cfg
+from mst_mm.errors import CheckpointError
+from tests.helpers import make_image_folder, tiny_runner_cfg
 
 
 class RunsCode:
@@ -20,58 +23,75 @@ class RunsCode:
         return os.system, (f'touch {self.marker}',)
 
 
-def test_pickle_that_runs_code_is_refused_and_nothing_runs(tmp_path, monkeypatch):
+def training_checkpoint(path) -> str:
+    """What mmengine's runner saves: numpy scalars and arrays, a message hub of
+    HistoryBuffers (whose statistics methods pickle as getattr)."""
+    hub = MessageHub.get_instance('safe_loading_test')
+    hub.update_scalar('train/loss', np.float64(1.5))
+    hub.update_scalar('train/loss', 2.5)
+    torch.save(dict(meta=dict(epoch=1, seed=np.int64(7), hist=np.arange(3)),
+                    message_hub=hub.state_dict(), state_dict={'w': torch.ones(2)}), path)
+    return str(path)
+
+
+def test_an_mmengine_checkpoint_loads_and_its_globals_stay_refused_elsewhere(tmp_path):
+    path = training_checkpoint(tmp_path / 'epoch_1.pth')
+    before = set(map(str, torch.serialization.get_safe_globals()))
+    loaded = read_checkpoint(path)
+    assert loaded['meta']['seed'] == 7 and loaded['meta']['hist'].tolist() == [0, 1, 2]
+    buffer = loaded['message_hub']['log_scalars']['train/loss']
+    assert isinstance(buffer, HistoryBuffer) and buffer.mean() == 2.0   # (1.5 + 2.5) / 2
+    # Nothing was allowed for the process: a plain weights-only load still refuses the file.
+    assert set(map(str, torch.serialization.get_safe_globals())) == before
+    with pytest.raises(pickle.UnpicklingError, match='numpy|HistoryBuffer|getattr'):
+        torch.load(path, weights_only=True)
+    torch.save({'buffer': HistoryBuffer()}, tmp_path / 'buffer.pth')
+    with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
+        torch.load(tmp_path / 'buffer.pth', weights_only=True)
+
+
+def test_pickle_that_runs_code_is_refused_and_nothing_runs(tmp_path):
     marker = tmp_path / 'executed'
     path = tmp_path / 'evil.pth'
     torch.save({'state_dict': {}, 'payload': RunsCode(marker)}, path)
-    with pytest.raises(pickle.UnpicklingError,
-                       match=f'Refusing to load {path}: .*posix.system'):
-        load_checkpoint_safely(str(path), map_location='cpu')
-    # mmengine's own loader is left as it was (torch's weights-only default refuses too) ...
+    with pytest.raises(CheckpointError, match=f'Refusing to load {path}: .*posix.system'):
+        read_checkpoint(str(path), map_location='cpu')
+    # mmengine's own loader is left as it was (torch's weights-only default refuses too).
     with pytest.raises(pickle.UnpicklingError, match='posix.system'):
         CheckpointLoader.load_checkpoint(str(path), map_location='cpu')
-    # ... until a user opts in to ours for the whole process.
-    monkeypatch.setattr(CheckpointLoader, '_schemes', dict(CheckpointLoader._schemes))
-    install_weights_only_loader()
-    with pytest.raises(pickle.UnpicklingError, match=f'Refusing to load {path}'):
-        CheckpointLoader.load_checkpoint(str(path), map_location='cpu')
     assert not marker.exists()
-
-
-def _evil_checkpoint(tmp_path):
-    marker = tmp_path / 'executed'
-    path = tmp_path / 'evil.pth'
-    torch.save({'state_dict': {}, 'meta': {}, 'payload': RunsCode(marker)}, path)
-    return path, marker
 
 
 @pytest.mark.parametrize('resume', [False, True], ids=['load_from', 'resume'])
 def test_runner_refuses_an_unsafe_load_from_or_resume(tmp_path, resume):
-    path, marker = _evil_checkpoint(tmp_path)
+    marker, path = tmp_path / 'executed', tmp_path / 'evil.pth'
+    torch.save({'state_dict': {}, 'meta': {}, 'payload': RunsCode(marker)}, path)
     data_root = make_image_folder(tmp_path / 'data', classes=1, per_class=4)
     cfg = tiny_runner_cfg(data_root, tmp_path / 'work')
     cfg.load_from, cfg.resume = str(path), resume
     runner = build_runner(cfg)  # the configs' runner_type, CheckedRunner
-    with pytest.raises(pickle.UnpicklingError, match=f'Refusing to load {path}'):
+    with pytest.raises(CheckpointError, match=f'Refusing to load {path}'):
         runner.load_or_resume()
     assert not marker.exists()
 
 
-def test_knn_tool_refuses_an_unsafe_checkpoint(tmp_path):
-    path, marker = _evil_checkpoint(tmp_path)
-    data_root = make_image_folder(tmp_path / 'data', classes=2, per_class=2)
-    tool = load_tool('tools/analysis/knn_eval.py')
-    with pytest.raises(pickle.UnpicklingError, match=f'Refusing to load {path}'):
-        tool.main([str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py'), str(path),
-                   '--work-dir', str(tmp_path / 'work'), '--cfg-options',
-                   f'test_dataloader.dataset.data_root={data_root}',
-                   f'test_cfg.train_dataloader.dataset.data_root={data_root}'])
-    assert not marker.exists()
+def test_a_missing_empty_truncated_or_foreign_file_is_named_with_what_is_wrong(tmp_path):
+    with pytest.raises(CheckpointError, match=f'Checkpoint {tmp_path}/none.pth does not exist'):
+        read_checkpoint(str(tmp_path / 'none.pth'))
+    training_checkpoint(tmp_path / 'full.pth')
+    data = (tmp_path / 'full.pth').read_bytes()
+    for name, content, why in [
+            ('empty.pth', b'', 'the file is empty (0 bytes)'),
+            ('cut.pth', data[:len(data) // 2],
+             f'the file is truncated ({len(data) // 2} bytes, the end of its zip archive'),
+            ('notes.pth', b'these are notes\n', 'it is not a PyTorch checkpoint')]:
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(CheckpointError) as error:
+            read_checkpoint(str(tmp_path / name), mmap=True)
+        assert str(error.value).startswith(f'Cannot read checkpoint {tmp_path / name}: {why}')
 
 
 def test_only_history_buffer_methods_pass_the_getattr_stand_in():
-    from mmengine.logging import HistoryBuffer
-
     assert _history_buffer_method(HistoryBuffer, 'mean') is HistoryBuffer.mean
     with pytest.raises(RuntimeError, match='Refusing'):
         _history_buffer_method(os, 'system')

@@ -91,13 +91,3 @@ def test_build_deit_small_and_swin_tiny():
         feat = swin(torch.randn(1, 3, 224, 224))[-1]
     assert cls.shape == (1, 384)
     assert feat.shape == (1, 768, 7, 7)
-
-
-def test_configs_and_tools_are_packaged_for_mim():
-    import os.path as osp
-
-    import mst_mm
-
-    mim = osp.join(osp.dirname(mst_mm.__file__), '.mim')
-    assert osp.isfile(osp.join(mim, 'configs', 'mst', 'mst_deit-s-p16_8xb128-coslr-300e_in1k.py'))
-    assert osp.isfile(osp.join(mim, 'tools', 'train.py'))

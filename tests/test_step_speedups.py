@@ -1,10 +1,10 @@
 """The faster DINO/MST step computes what the straightforward formulation computed.
 
 Each speed-up of the training step (issue "faster than the reference DINO code") is checked
-here against the formulation it replaced, written out in this file, on fixed inputs:
+here against the formulation it replaced, written out in this file, on fixed inputs
+(``DINODistillHead``'s one matrix product over the crop pairs: Eq. 2 written out in
+tests/test_dino_head.py; here, that its graph does not grow with the crops):
 
-- ``DINODistillHead``: the (teacher crop, student crop) cross-entropies as one matrix product
-  instead of a Python loop over the pairs;
 - ``DINONeck.forward_crops``: the weight-normalised last layer once for all crops instead of
   once for the global and once for the local crops;
 - ``FusedCosineEMA``: one ``torch._foreach_lerp_`` instead of mmpretrain's ``CosineEMA``
@@ -14,6 +14,7 @@ Each test also checks the property that makes the new form cheaper, which the ol
 does not have, so that a return to it fails.
 """
 import copy
+import math
 
 import pytest
 import torch
@@ -29,20 +30,6 @@ from tests.conftest import crops, tiny_mst_cfg
 K, BATCH, GLOBAL = 64, 3, 2
 
 
-def loop_loss(head: DINODistillHead, student_out, teacher_out, center):
-    """DINO's Eq. 2 as the head computed it before: a loop over the crop pairs."""
-    num_crops = student_out.shape[0] * GLOBAL // teacher_out.shape[0]
-    student_logp = F.log_softmax(student_out.float() / head.student_temp, dim=-1)
-    teacher_p = F.softmax((teacher_out.float() - center) / head.teacher_temp, dim=-1)
-    total, pairs = 0., 0
-    for i, target in enumerate(teacher_p.chunk(GLOBAL)):
-        for j, logp in enumerate(student_logp.chunk(num_crops)):
-            if i != j:
-                total = total + torch.sum(-target * logp, dim=-1).mean()
-                pairs += 1
-    return head.loss_weight * total / pairs
-
-
 def graph_size(tensor: torch.Tensor) -> int:
     """Autograd nodes behind ``tensor``."""
     seen, todo = set(), [tensor.grad_fn]
@@ -55,27 +42,6 @@ def graph_size(tensor: torch.Tensor) -> int:
     return len(seen)
 
 
-@pytest.mark.parametrize('num_crops', [2, 4, 10])
-def test_dino_loss_equals_the_pair_loop_in_value_gradient_and_centre(num_crops):
-    gen = torch.Generator().manual_seed(num_crops)
-    student = (torch.randn(num_crops * BATCH, K, generator=gen) * 3).requires_grad_()
-    teacher = torch.randn(GLOBAL * BATCH, K, generator=gen) * 3
-    head = DINODistillHead(K, loss_weight=0.7)
-    head.center.copy_(torch.randn(1, K, generator=gen))
-    center = head.center.clone()
-
-    out = head.loss_and_diagnostics(student, teacher)
-    expected = loop_loss(head, student, teacher, center)
-    torch.testing.assert_close(out['loss_dino'], expected, rtol=1e-6, atol=0)
-    grad, = torch.autograd.grad(out['loss_dino'], student)
-    expected_grad, = torch.autograd.grad(expected, student)
-    torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-9)
-    expected_center = 0.9 * center + 0.1 * teacher.mean(0, keepdim=True)
-    torch.testing.assert_close(head.center, expected_center)
-    torch.testing.assert_close(out['teacher_student_kl'] + out['teacher_entropy'],
-                               expected.detach() / 0.7, rtol=1e-6, atol=0)
-
-
 def test_dino_loss_graph_does_not_grow_with_the_number_of_crops():
     sizes = []
     for num_crops in (4, 10):
@@ -84,18 +50,6 @@ def test_dino_loss_graph_does_not_grow_with_the_number_of_crops():
         sizes.append(graph_size(loss))
     # The pair loop added a few nodes per pair: 6 pairs -> 18 pairs tripled the graph.
     assert sizes[0] == sizes[1] < 15
-
-
-def test_dino_loss_stays_float32_under_autocast():
-    gen = torch.Generator().manual_seed(0)
-    student = torch.randn(4 * BATCH, K, generator=gen).bfloat16().requires_grad_()
-    teacher = torch.randn(GLOBAL * BATCH, K, generator=gen).bfloat16()
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        out = DINODistillHead(K).loss_and_diagnostics(student, teacher)
-    assert all(v.dtype == torch.float32 for v in out.values())
-    # The pair products are not done in bfloat16: the float32 loop on the same values.
-    expected = loop_loss(DINODistillHead(K), student.float(), teacher.float(), 0.)
-    torch.testing.assert_close(out['loss_dino'], expected, rtol=1e-6, atol=0)
 
 
 def two_call_crops(neck: DINONeck, global_feat, local_feats):
@@ -208,7 +162,9 @@ def test_fused_ema_follows_a_student_moved_after_the_first_update(message_hub):
         student.linear.weight.fill_(1.0)
     before = ema.module.linear.weight.detach().clone()
     ema.update_parameters(student)
-    expected = before + ema.momentum_at(1) * (1.0 - before)
+    # The cosine momentum from 0.05 to 0.01 over the hub's 100 iterations, at step 1.
+    momentum = 0.01 + (0.05 - 0.01) * (math.cos(math.pi * 1 / 100) + 1) / 2
+    expected = before + momentum * (1.0 - before)
     torch.testing.assert_close(ema.module.linear.weight.detach(), expected)
     assert ema.module.linear.weight.dtype == torch.float64
 
@@ -230,11 +186,6 @@ def test_mst_logs_the_fraction_of_masked_patches(message_hub):
     random = build_mst(mask_cfg=dict(num=4, p=0.5, mode='random'))
     torch.manual_seed(0)
     assert 0.3 < float(random.loss(crops(batch=16), [])['masked_fraction']) < 0.7
-    model = build_mst()
-    losses = model.loss(crops(), [])
-    total, log_vars = model.parse_losses(losses)
-    assert 'masked_fraction' in log_vars   # logged, but not part of the optimised total
-    torch.testing.assert_close(total, losses['loss_dino'] + losses['loss_restore'])
 
 
 @pytest.mark.parametrize('shape', [(2, 5, 7, 6), (1, 3, 1, 1)])

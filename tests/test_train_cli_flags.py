@@ -14,7 +14,7 @@ DEIT_S = str(REPO / 'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py')
 def deit_s_config() -> Config:
     cfg = Config.fromfile(DEIT_S)
     assert cfg.train_dataloader.pin_memory is True and cfg.train_dataloader.num_workers > 0
-    cfg.train_dataloader.persistent_workers = True
+    assert cfg.train_dataloader.persistent_workers is True  # mmpretrain's recipes' value
     return cfg
 
 

@@ -5,7 +5,8 @@ The user's torch is this interpreter's torch and torchvision (with their depende
 through a .pth file, as a CUDA torch installed before our stack would be; so the wheelhouse
 stays small (no 5 GB torch) and the shared .venv is never modified. Collecting the
 wheelhouse needs the package index: the test skips, saying so, when it cannot be reached,
-unless MST_MM_WHEELHOUSE names a wheelhouse collected before (with --no-torch).
+unless MST_MM_WHEELHOUSE names a wheelhouse collected before (with --no-torch). Those tests
+are marked ``network`` and ``slow``; the argument checks run offline in seconds.
 """
 import importlib.metadata as metadata
 import os
@@ -128,6 +129,8 @@ def stamp(state) -> dict:
     return dict(line.split(' ', 1) for line in lines)
 
 
+@pytest.mark.network
+@pytest.mark.slow
 def test_offline_install_keeps_the_users_torch_and_passes_the_stack_check(offline_venv):
     state = offline_venv
     log = output(state['install'])
@@ -152,6 +155,8 @@ def test_offline_install_keeps_the_users_torch_and_passes_the_stack_check(offlin
         REPO / 'mst_mm' / '__init__.py')
 
 
+@pytest.mark.network
+@pytest.mark.slow
 def test_second_run_finds_the_environment_up_to_date(offline_venv):
     state = offline_venv
     start = time.monotonic()
@@ -163,6 +168,8 @@ def test_second_run_finds_the_environment_up_to_date(offline_venv):
     assert elapsed < 10, f'{elapsed:.1f} s'
 
 
+@pytest.mark.network
+@pytest.mark.slow
 def test_lite_stack_refuses_ops_with_the_fix(offline_venv):
     result = run([offline_venv['venv'] / 'bin' / 'python', str(STACK_CHECK), '--ops'])
     assert result.returncode == 1
@@ -188,6 +195,8 @@ def venv_has(state, distribution: str) -> bool:
                               'except md.PackageNotFoundError:\n    print(0)') == '1'
 
 
+@pytest.mark.network
+@pytest.mark.slow
 def test_ops_replaces_mmcv_lite_and_a_later_lite_run_keeps_it(offline_venv, wheelhouse):
     state = offline_venv
     mmcv_wheel = compiled_mmcv_wheel()
@@ -221,6 +230,7 @@ def test_ops_replaces_mmcv_lite_and_a_later_lite_run_keeps_it(offline_venv, whee
     assert flavour(state) == 'ops'
 
 
+@pytest.mark.slow
 def test_wheelhouse_for_another_python_is_refused(tmp_path):
     wheelhouse = tmp_path / 'wh'
     wheelhouse.mkdir()

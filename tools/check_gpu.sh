@@ -11,7 +11,7 @@
 #      EMA and k-NN, Mask R-CNN and SETR on the GPU;
 #   2. the GPU benchmark (tools/analysis/benchmark.py --device cuda --amp);
 #   3. with DINO_DIR=/path/to/a/facebookresearch/dino/clone: our DeiT-S step against DINO's
-#      at batch 64 with AMP on both sides (images/s, FLOP per image, peak memory, and the
+#      at batch 64 with AMP on both sides (images/s, FLOP per image, and the
 #      MFU when PEAK_TFLOPS gives the GPU's dense bf16/fp16 peak, e.g. 989 for an H100/H200).
 # On a machine where torch sees no CUDA device it says so and exits 0.
 set -uo pipefail

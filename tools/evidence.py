@@ -1,7 +1,7 @@
 """The evidence run: does MST learn object features, does its mask avoid the object, and do
 its checkpoints transfer? On real animal silhouettes, on a CPU (tools/run_evidence.sh).
 
-1. Writes the data once (``mst_mm/datasets/animal_shapes.py``): 8,000 / 2,000 object images
+1. Writes the data once (``mst_mm/evidence/animal_shapes.py``): 8,000 / 2,000 object images
    (32 x 32, one animal) and detection / segmentation scenes (64 x 64, 1-4 animals).
 2. Pretrains the tiny ViT of ``configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py`` as
    the paper's Table 4 at CPU scale: the DINO baseline, MST's decoder alone, the decoder
@@ -162,7 +162,7 @@ def pretrain_config(base: str, variant: str, seed: int, schedule: dict, data_roo
         dataset.indices = list(range(0, num_train, schedule['train_stride']))
     if schedule.get('batch_size'):
         cfg.train_dataloader.batch_size = schedule['batch_size']
-    cfg.randomness = dict(seed=seed)
+    cfg.randomness = dict(cfg.get('randomness') or {}, seed=seed)  # keeps diff_rank_seed
     cfg.work_dir = work_dir
     _set_epochs(cfg, schedule['epochs'])
     # The config's k-NN probe (KNNProbeHook) reads this data root's train and test splits.
@@ -223,8 +223,8 @@ class Probe:
     """The held-out evaluations of one backbone: k-NN, linear probe and guidance shares."""
 
     def __init__(self, data_root: str) -> None:
-        from mst_mm.datasets.animal_shapes import load_object_masks
-        from mst_mm.evaluation.frozen_features import load_class_folders
+        from mst_mm.evidence.animal_shapes import load_object_masks
+        from mst_mm.evidence.frozen_features import load_class_folders
         objects = osp.join(data_root, 'objects')
         self.train_images, self.train_labels, _ = load_class_folders(osp.join(objects, 'train'))
         self.test_images, self.test_labels, paths = load_class_folders(osp.join(objects, 'test'))
@@ -242,20 +242,18 @@ class Probe:
                                                   self.test_labels))
 
     def model(self, model, classify: bool = True) -> dict:
-        from mst_mm.evaluation import (
-            guidance_shares,
-            knn_top1,
-            linear_probe_top1,
-            patch_object_mask,
-        )
-        from mst_mm.evaluation.frozen_features import embed_images
+        from mst_mm.evaluation import knn_top1, linear_probe_top1
+        from mst_mm.evidence.frozen_features import image_batches
+        from mst_mm.evidence.guidance import guidance_shares, patch_object_mask
+        from mst_mm.models.algorithms.feature_embedder import embed_images
         backbone = model.teacher.module[0]
         mean, std = model.data_preprocessor.mean, model.data_preprocessor.std
-        test_feats, attn = embed_images(backbone, mean, std, self.test_images, with_attn=True)
+        test_feats, attn = embed_images(backbone, image_batches(self.test_images), mean, std,
+                                        with_attn=True)
         patch = self.test_masks.shape[-1] // int(math.isqrt(attn.shape[1]))
         result = guidance_shares(attn, patch_object_mask(self.test_masks, patch), NUM, P)
         if classify:
-            train_feats, _ = embed_images(backbone, mean, std, self.train_images)
+            train_feats, _ = embed_images(backbone, image_batches(self.train_images), mean, std)
             result['knn_top1'] = knn_top1(train_feats, self.train_labels, test_feats,
                                           self.test_labels, ks=(KNN_K, ))[KNN_K]
             result['linear_top1'] = linear_probe_top1(train_feats, self.train_labels,
@@ -316,7 +314,7 @@ def finetune_row(store: Store, target: str, start: str, ft_seed: int, schedule: 
                  data_root: str, out: str) -> dict:
     """Mask R-CNN (MaskSwin-nano, ``mmdet``) or SETR (ViT, ``mmseg``) fine-tuned on the scenes
     from the ``start`` row's checkpoint (Mask R-CNN's random init is mmdet's own)."""
-    from mst_mm.evaluation.transfer import finetune
+    from mst_mm.evidence.transfer import finetune
     if target == 'mmdet':
         checkpoint = None if start == 'random_init' else store.load(f'swin_{start}_seed0')
     else:
@@ -542,7 +540,7 @@ def plot_guidance_by_epoch(rows: Dict[str, List[dict]], area: float, path: str) 
 # -------------------------------------------------------------------------------- main
 def prepare_data(data_root: Optional[str], transfer: bool) -> str:
     """The default data folder is written on the first run; a given one must exist."""
-    from mst_mm.datasets.animal_shapes import write_object_images, write_scenes
+    from mst_mm.evidence.animal_shapes import write_object_images, write_scenes
     if data_root is None:
         write_object_images(osp.join(DEFAULT_DATA_ROOT, 'objects'))
         write_scenes(osp.join(DEFAULT_DATA_ROOT, 'scenes'))

@@ -8,9 +8,10 @@ Examples::
     python tools/train.py CONFIG --resume               # newest checkpoint in work_dir
     python tools/train.py CONFIG --resume path/to/epoch_10.pth
 
-``--resume`` alone continues from what WORK_DIR/last_checkpoint names: the rolling
-``latest.pth`` (rewritten every epoch by the configs' SafeCheckpointHook) or a kept
-``epoch_N.pth``, whichever is newer, so a killed run loses at most one epoch.
+``--resume`` alone continues from what WORK_DIR/last_checkpoint names (mmengine's
+auto-resume): the rolling ``latest.pth`` (written at every epoch end by the configs'
+SafeCheckpointHook) or a kept ``epoch_N.pth``, whichever is newer, so a killed run loses at
+most one epoch.
 
 A bad input (a ``--cfg-options`` entry, a checkpoint that cannot be resumed) ends the run
 before training with one message that names it and the fix, and exit status 2.
@@ -28,7 +29,7 @@ from mmengine.utils.dl_utils import TORCH_VERSION
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool  # noqa: E402
-from mst_mm.engine.resume import check_training_checkpoint, find_resume_checkpoint  # noqa: E402
+from mst_mm.engine.safe_loading import check_training_checkpoint  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -126,6 +127,7 @@ def merge_args(cfg: Config, args: argparse.Namespace) -> Config:
         set_default_dataloader_cfg(cfg, 'val_dataloader')
         set_default_dataloader_cfg(cfg, 'test_dataloader')
 
+    merge_cfg_options(cfg, args.cfg_options)
     for field in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         loader = cfg.get(field, None)
         if loader is None:
@@ -134,32 +136,15 @@ def merge_args(cfg: Config, args: argparse.Namespace) -> Config:
             loader['pin_memory'] = False
         # Persistent workers need workers.
         if args.no_persistent_workers or loader.get('num_workers', 0) == 0:
-            loader['persistent_workers'] = False
-
-    merge_cfg_options(cfg, args.cfg_options)
-
+            loader['persistent_workers'] = False  # also after --cfg-options num_workers=0
     return cfg
 
 
 def resolve_resume(cfg: Config) -> Config:
-    """Check the checkpoint that the run resumes from, before anything is built.
-
-    ``--resume PATH`` must be a training checkpoint. ``--resume`` alone takes what the work
-    dir's ``last_checkpoint`` names, read relative to the work dir, or the previous good
-    checkpoint when that one is unusable (with a warning).
-
-    Args:
-        cfg (Config): The merged config; ``cfg.load_from`` is set here for auto-resume.
-
-    Returns:
-        Config: ``cfg``.
-    """
-    if not cfg.get('resume', False):
-        return cfg
-    if cfg.get('load_from'):
+    """Check that ``--resume PATH`` is a training checkpoint, before anything is built
+    (``--resume`` alone is mmengine's auto-resume)."""
+    if cfg.get('resume', False) and cfg.get('load_from'):
         check_training_checkpoint(cfg.load_from)
-    else:
-        cfg.load_from = find_resume_checkpoint(osp.abspath(cfg.work_dir))
     return cfg
 
 

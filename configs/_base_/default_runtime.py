@@ -10,17 +10,11 @@ runner_type = 'CheckedRunner'
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),
     # A kill during a save never costs the previous checkpoint (mst_mm SafeCheckpointHook).
-    # Kept: epoch_N.pth every 10 epochs, the last 3. Rolling: latest.pth rewritten every
-    # epoch (latest_interval), which --resume picks up, so a pre-emption costs at most one
-    # epoch. For long epochs count it in iterations: latest_interval=2000,
-    # latest_by_epoch=False (needs train_cfg.type='MidEpochResumeTrainLoop', which the MST
-    # schedules set).
-    checkpoint=dict(type='SafeCheckpointHook', interval=10, max_keep_ckpts=3,
-                    latest_interval=1, latest_by_epoch=True),
-    # A random stream per rank (crops, masks, drop-path), and every rank's RNG states in each
-    # checkpoint: a resumed run repeats the uninterrupted one exactly on every rank (with the
-    # dataloaders' worker_init_from_torch_seed and non-persistent workers). Keep mmengine's
-    # randomness.diff_rank_seed=False: the hook docstring says why.
+    # Kept: epoch_N.pth every 10 epochs, the last 3; at the other epoch ends latest.pth,
+    # which --resume alone picks up (last_checkpoint), so a pre-emption costs at most one epoch.
+    checkpoint=dict(type='SafeCheckpointHook', interval=10, max_keep_ckpts=3),
+    # The saving process's RNG states in each checkpoint, restored on resume: a run on one
+    # process resumes bit for bit (see docs/reliability.md for more ranks and workers).
     random_state=dict(type='RandomStateHook'),
     # Warns when the DINO loss sits in uniform or one-hot collapse (teacher entropy and
     # teacher-student KL, logged every iteration); never stops a run.
@@ -30,10 +24,14 @@ default_hooks = dict(
 )
 log_processor = dict(window_size=50)
 
-# DDP: BN layers of neck and decoder become SyncBN (paper appendix "BatchNorm"). Every
-# parameter takes part in every backward (the frozen last layer too: its gradient is
-# cancelled in the optimiser wrapper, as DINO does), so DDP needs no search for unused
-# parameters. DeviceAgnosticDDP is mmengine's wrapper, also usable on CPU (gloo).
+# A random stream per rank (crops, masks, drop-path): mmengine seeds rank r with seed + r
+# (seed=None: one drawn at start). Workers get mmengine's stock seeding (Runner.build_dataloader
+# passes the runner's seed to its worker_init_fn: seed + num_workers * rank + worker_id), once
+# per run with persistent workers, so their streams go on from epoch to epoch.
+randomness = dict(seed=None, diff_rank_seed=True)
+
+# DDP (mmengine's default MMDistributedDataParallel): BN layers of neck and decoder become
+# SyncBN (paper appendix "BatchNorm"). Every parameter takes part in every backward (the
+# frozen last layer too: its gradient is cancelled in the optimiser wrapper, as DINO does),
+# so DDP needs no search for unused parameters (find_unused_parameters=False, the default).
 sync_bn = 'torch'
-model_wrapper_cfg = dict(type='DeviceAgnosticDDP', broadcast_buffers=False,
-                         find_unused_parameters=False)

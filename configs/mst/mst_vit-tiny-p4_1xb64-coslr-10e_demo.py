@@ -34,10 +34,7 @@ model = dict(
 train_dataloader = dict(
     batch_size=batch_size,
     num_workers=2,
-    # Workers seeded from torch's generator, restarted every epoch: each epoch augments
-    # differently and a resumed run repeats the original's augmentations (RandomStateHook).
-    persistent_workers=False,
-    worker_init_fn=dict(type='worker_init_from_torch_seed'),
+    persistent_workers=True,
     drop_last=True,
     sampler=dict(type='DefaultSampler', shuffle=True),
     collate_fn=dict(type='default_collate'),

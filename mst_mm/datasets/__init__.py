@@ -1,10 +1,7 @@
-from .checked_dataset import CheckedImageDataset, LoadImageOrSkip
-from .image_folder import PretrainImageFolder, detect_layout
-from .transforms import ContiguousRandomResizedCrop, FusedColorJitter, MultiCrop
-from .worker_init import worker_init_from_torch_seed
+from .image_folder import CheckedImageDataset, PretrainImageFolder, detect_layout
+from .transforms import ContiguousRandomResizedCrop, FusedColorJitter, LoadImageOrSkip, MultiCrop
 
 __all__ = [
     'CheckedImageDataset', 'ContiguousRandomResizedCrop', 'FusedColorJitter',
-    'LoadImageOrSkip', 'MultiCrop', 'PretrainImageFolder', 'detect_layout',
-    'worker_init_from_torch_seed'
+    'LoadImageOrSkip', 'MultiCrop', 'PretrainImageFolder', 'detect_layout'
 ]

@@ -1,153 +1,154 @@
-"""A pretraining dataset for any folder of images: flat, with class sub-folders, or ImageNet's.
-See docs/own_data.md."""
+"""Image-folder datasets: the layout found from data_root, clear errors, broken-image budget."""
 import inspect
 import os
 import os.path as osp
+from typing import List, Optional
 
 from mmengine.logging import print_log
 from mmpretrain.datasets import CustomDataset
 from mmpretrain.registry import DATASETS
 
-from .checked_dataset import OWN_DATA_HINT, _CheckedInputs
+from ..errors import UserInputError
 
-#: mmpretrain's ``CustomDataset`` default image extensions (its ``__init__`` default).
-IMAGE_EXTENSIONS = tuple(
+IMAGE_EXTENSIONS = tuple(  # CustomDataset's default
     inspect.signature(CustomDataset.__init__).parameters['extensions'].default)
 
-#: The layouts :class:`PretrainImageFolder` reads, as its messages describe them.
-LAYOUTS = {
+LAYOUTS = {  # what PretrainImageFolder reads
     'flat': '<data_root>/**/<image>: every image under data_root, at any depth, no labels',
-    'class_folders': '<data_root>/<class>/**/<image>: one sub-folder per class, labels are '
-                     'the sub-folder names (not needed for pretraining)',
-    'imagenet': "ImageNet's: <data_root>/<split>/ holds the images (class sub-folders or "
-                'any images), optionally listed with labels by <data_root>/meta/<split>.txt',
+    'class_folders': '<data_root>/<class>/**/<image>: one sub-folder per class (its label)',
+    'imagenet': "ImageNet's: <data_root>/<split>/**/<image>, optionally listed with labels by "
+                '<data_root>/meta/<split>.txt',
 }
+ALL_LAYOUTS = '\n'.join(f"  data_layout='{name}': {text}" for name, text in LAYOUTS.items())
 
 
-def describe_layouts() -> str:
-    """The layouts :class:`PretrainImageFolder` accepts, one per line, for error messages."""
-    return '\n'.join(f"  data_layout='{name}': {text}" for name, text in LAYOUTS.items())
+def _holds(folder: str, extensions: tuple) -> tuple:
+    """``(holds images, holds sub-folders)`` directly in ``folder``; hidden entries left out."""
+    entries = [e for e in os.scandir(folder) if not e.name.startswith('.')]
+    extensions = tuple(e.lower() for e in extensions)
+    return (any(e.is_file() and e.name.lower().endswith(extensions) for e in entries),
+            any(e.is_dir() for e in entries))
 
 
-def _top_level(folder: str, extensions: tuple) -> tuple:
-    """``(image files, sub-folders)`` directly in ``folder``; hidden entries left out."""
-    images, folders = [], []
-    for entry in os.scandir(folder):
-        if entry.name.startswith('.'):
-            continue
-        try:
-            if entry.is_dir():
-                folders.append(entry.name)
-            elif entry.is_file() and entry.name.lower().endswith(extensions):
-                images.append(entry.name)
-        except OSError:  # a broken entry decides nothing; the scan reports it later
-            continue
-    return images, folders
-
-
-def detect_layout(data_root: str, split: str = 'train',
-                  extensions: tuple = IMAGE_EXTENSIONS) -> str:
-    """The layout of a local image folder: ``'imagenet'`` if ``<data_root>/<split>/`` is a
-    folder, else ``'flat'`` if it holds images, else ``'class_folders'`` (docs/own_data.md).
-
-    Raises:
-        RuntimeError: ``data_root`` holds neither images nor sub-folders.
-    """
+def detect_layout(data_root: str, split: str = 'train', extensions=IMAGE_EXTENSIONS) -> str:
+    """``'imagenet'`` if ``<data_root>/<split>/`` is a folder, else ``'flat'`` if
+    ``data_root`` holds images, else ``'class_folders'`` if it holds sub-folders."""
     if osp.isdir(osp.join(data_root, split)):
         return 'imagenet'
-    images, folders = _top_level(data_root, tuple(e.lower() for e in extensions))
-    if images:
-        return 'flat'
-    if folders:
-        return 'class_folders'
+    images, folders = _holds(data_root, extensions)
+    if images or folders:
+        return 'flat' if images else 'class_folders'
     raise RuntimeError(
-        f'data_root {data_root!r} holds no images ({", ".join(extensions)}) and no '
-        f'sub-folders. PretrainImageFolder reads these layouts:\n{describe_layouts()}\n'
-        'Point data_root at the folder that holds your images.')
+        f'data_root {data_root!r} holds no images ({", ".join(extensions)}) and no sub-folders. '
+        f'PretrainImageFolder reads these layouts:\n{ALL_LAYOUTS}\nPoint data_root at your images.')
 
 
 @DATASETS.register_module()
-class PretrainImageFolder(_CheckedInputs, CustomDataset):
-    """Every image of a folder, flat, in class folders or in ImageNet's layout, for
-    pretraining: a ``CustomDataset`` whose layout arguments follow from ``data_root``, with
-    :class:`CheckedImageDataset`'s checks. See docs/own_data.md.
+class CheckedImageDataset(CustomDataset):
+    """mmpretrain's ``CustomDataset`` with clear start-up errors, a check that the images
+    ``ann_file`` names exist (``check_files``) and a budget of broken images skipped per loader
+    process (``LoadImageOrSkip`` warns) before the run stops (``max_corrupt_images``)."""
 
-    Args:
-        data_root (str): The image folder.
-        data_layout (str): ``'auto'`` (:func:`detect_layout`), ``'flat'``,
-            ``'class_folders'`` or ``'imagenet'``. Defaults to 'auto'.
-        split (str): Split folder and annotation file of the ImageNet layout. Defaults to 'train'.
-        **kwargs: ``CustomDataset``'s other arguments, ``max_corrupt_images``, ``check_files``.
-    """
+    EXPECTED_LAYOUT = ('<data_root>/<class>/<image> (one sub-folder per class; with '
+                       'with_label=False, every image under data_root), or an ann_file of '
+                       "'<path> <label>' lines relative to data_root/data_prefix")
 
-    EXPECTED_LAYOUT = ('one of these layouts (found from data_root with '
-                       f"data_layout='auto'):\n{describe_layouts()}")
+    def __init__(self, data_root: str = '', max_corrupt_images: int = 100,
+                 check_files: bool = True, **kwargs) -> None:
+        self.max_corrupt_images = max_corrupt_images
+        self.check_files = check_files
+        self.corrupt_images: List[str] = []
+        self._check_root(data_root)
+        super().__init__(data_root=data_root, **kwargs)
+
+    def _check_root(self, data_root: str) -> None:
+        if data_root and '://' not in data_root and not osp.isdir(data_root):
+            raise FileNotFoundError(
+                f'data_root {data_root!r} does not exist or is a file. {self._layout_help()}'
+                '\nSet it with --cfg-options train_dataloader.dataset.data_root=PATH.')
+
+    def _layout_help(self) -> str:
+        return (f'{type(self).__name__} expects {self.EXPECTED_LAYOUT}. For your own images in '
+                "any layout use type='PretrainImageFolder', which finds it (docs/own_data.md).")
+
+    def load_data_list(self) -> List[dict]:
+        try:
+            data_list = super().load_data_list()
+            problem = None if data_list else f'{self.ann_file!r} lists none'
+        except (RuntimeError, FileNotFoundError) as error:  # "Found 0 files in ...", no folder
+            data_list, problem = [], str(error)
+        if problem:
+            raise RuntimeError(f'No images in {self.img_prefix!r}: {problem}. '
+                               f'{self._layout_help()}')
+        missing = ([d['img_path'] for d in data_list if not osp.isfile(d['img_path'])]
+                   if self.ann_file and self.check_files else [])
+        if missing:
+            raise FileNotFoundError(
+                f'{len(missing)} of the {len(data_list)} images in {self.ann_file!r} are missing, '
+                f'e.g. {", ".join(missing[:3])}. Fix them, or set check_files=False.')
+        return data_list
+
+    def prepare_data(self, idx: int) -> Optional[dict]:
+        """The sample, or None (the caller draws another) for a broken image, which counts."""
+        data = super().prepare_data(idx)
+        path = self.get_data_info(idx)['img_path'] if data is None else None
+        if path is not None and path not in self.corrupt_images:
+            self.corrupt_images.append(path)
+            if len(self.corrupt_images) > self.max_corrupt_images:
+                raise RuntimeError(
+                    f'{len(self.corrupt_images)} broken images, more than '
+                    f'max_corrupt_images={self.max_corrupt_images}; the last ones: '
+                    f'{self.corrupt_images[-3:]}. Replace or remove them, or raise '
+                    'train_dataloader.dataset.max_corrupt_images.')
+        return data
+
+
+@DATASETS.register_module()
+class PretrainImageFolder(CheckedImageDataset):
+    """Every image of a folder in one of :data:`LAYOUTS` (``data_layout='auto'``: found by
+    :func:`detect_layout`), which sets ``CustomDataset``'s ``data_prefix``, ``ann_file`` and
+    ``with_label``; ``split`` is ImageNet's split folder and ``meta/<split>.txt``."""
 
     def __init__(self, data_root: str, data_layout: str = 'auto', split: str = 'train',
                  **kwargs) -> None:
         fixed = sorted(set(kwargs) & {'data_prefix', 'ann_file', 'with_label'})
         if fixed:
-            raise ValueError(
+            raise UserInputError(
                 f'PretrainImageFolder sets {", ".join(fixed)} from data_root and data_layout. '
                 "Drop them, or use type='CheckedImageDataset' to give them yourself.")
-        if data_layout != 'auto' and data_layout not in LAYOUTS:
-            raise ValueError(f"data_layout must be 'auto' or one of {sorted(LAYOUTS)}, got "
-                             f'{data_layout!r}. The layouts:\n{describe_layouts()}')
+        if data_layout not in ('auto', *LAYOUTS):
+            raise UserInputError(f"data_layout must be 'auto' or one of {sorted(LAYOUTS)}, "
+                                 f'got {data_layout!r}.')
+        self.data_layout, self.split = None, split  # no layout yet: errors list them all
         self._check_root(data_root)
-        extensions = tuple(kwargs.get('extensions', IMAGE_EXTENSIONS))
-        if data_layout == 'auto':
-            if '://' in data_root:
-                raise ValueError(f"data_layout='auto' lists local folders only; for "
-                                 f'{data_root!r} set data_layout to one of {sorted(LAYOUTS)}.')
-            data_layout = detect_layout(data_root, split, extensions)
-            self.layout_source = 'found'
-        else:
-            self.layout_source = 'given'
-        self.data_layout = data_layout
-        self.split = split
-        data_prefix, ann_file, with_label = self._arguments_of(data_root, split, extensions)
-        super().__init__(data_root=data_root, data_prefix=data_prefix, ann_file=ann_file,
-                         with_label=with_label, **kwargs)
+        extensions = kwargs.get('extensions', IMAGE_EXTENSIONS)
+        self.layout_source = 'found' if data_layout == 'auto' else 'given'
+        self.data_layout = (detect_layout(data_root, split, extensions)
+                            if data_layout == 'auto' else data_layout)
+        super().__init__(data_root=data_root, **self._layout_arguments(data_root, extensions),
+                         **kwargs)
         if self._fully_initialized:
-            self._log_layout()
+            print_log(f'PretrainImageFolder: {len(self)} images in {self.img_prefix!r}, '
+                      f"{self.layout_source} data_layout='{self.data_layout}'.", logger='current')
 
-    def _arguments_of(self, data_root: str, split: str, extensions: tuple) -> tuple:
-        """``(data_prefix, ann_file, with_label)`` of ``CustomDataset`` for the layout."""
-        if self.data_layout == 'flat':
-            return '', '', False
-        if self.data_layout == 'class_folders':
-            return '', '', True
-        split_dir = osp.join(data_root, split)
-        ann_file = osp.join('meta', f'{split}.txt')
+    def _layout_arguments(self, data_root: str, extensions: tuple) -> dict:
+        """``CustomDataset``'s ``data_prefix``, ``ann_file`` and ``with_label`` of the layout."""
+        if self.data_layout != 'imagenet':
+            return dict(data_prefix='', ann_file='', with_label=self.data_layout == 'class_folders')
+        ann_file = osp.join('meta', f'{self.split}.txt')
         if '://' in data_root or osp.isfile(osp.join(data_root, ann_file)):
-            return split, ann_file, True
+            return dict(data_prefix=self.split, ann_file=ann_file, with_label=True)
+        split_dir = osp.join(data_root, self.split)
         if not osp.isdir(split_dir):
             raise FileNotFoundError(
-                f"data_layout='imagenet' reads the images from {split_dir!r}, which does not "
-                f'exist. Expected {LAYOUTS["imagenet"]}. For a folder without a {split!r} '
-                "sub-folder use data_layout='auto' (or 'flat' / 'class_folders').")
-        images, _ = _top_level(split_dir, tuple(e.lower() for e in extensions))
-        return split, '', not images
+                f"data_layout='imagenet' reads the images from {split_dir!r}, which does not exist."
+                " For a folder without it use data_layout='auto' (or 'flat' / 'class_folders').")
+        return dict(data_prefix=self.split, ann_file='',
+                    with_label=not _holds(split_dir, extensions)[0])
 
     def _layout_help(self) -> str:
-        layout = getattr(self, 'data_layout', None)
-        if layout is None:  # before the layout is known: all of them
-            return f'PretrainImageFolder reads {self.EXPECTED_LAYOUT}.'
-        return (f"PretrainImageFolder read {self.data_root!r} as data_layout='{layout}' "
-                f'({self.layout_source}), which expects {LAYOUTS[layout]}. All layouts:\n'
-                f'{describe_layouts()}\nSet train_dataloader.dataset.data_layout to choose '
-                'one, or fix data_root.')
-
-    def _log_layout(self) -> None:
-        labels = (f'{len(self.CLASSES)} classes' if self.with_label and self.CLASSES
-                  else 'labels from ' + self.ann_file if self.ann_file else 'no labels')
-        print_log(f'PretrainImageFolder: {len(self)} images in {self.img_prefix!r}, '
-                  f"{self.layout_source} data_layout='{self.data_layout}' ({labels}).",
-                  logger='current')
-
-    def __repr__(self) -> str:
-        return super().__repr__() + f'\n    Data layout: \t{self.data_layout}'
-
-
-__all__ = ['LAYOUTS', 'OWN_DATA_HINT', 'PretrainImageFolder', 'describe_layouts',
-           'detect_layout']
+        if self.data_layout is None:
+            return f'PretrainImageFolder reads these layouts:\n{ALL_LAYOUTS}'
+        return (f"PretrainImageFolder read {self.data_root!r} as data_layout='{self.data_layout}' "
+                f'({self.layout_source}), which expects {LAYOUTS[self.data_layout]}. All layouts:'
+                f'\n{ALL_LAYOUTS}\nSet train_dataloader.dataset.data_layout, or fix data_root.')

@@ -1,12 +1,4 @@
-"""mmengine's optimiser constructor without the EMA teacher, plus DINO's clipping under
-``--amp``.
-
-mmengine's ``paramwise_cfg`` has no way to leave out a sub-module, so it warns once per EMA
-teacher parameter; ``--amp`` sets ``AmpOptimWrapper``, which cannot clip per parameter; and with a
-``paramwise_cfg`` mmengine hands the optimiser ``ConfigDict`` parameter groups, which
-``torch.compile`` cannot trace, so mmengine's ``compile=True`` fails in the first optimiser
-step. The parameter groups hold exactly mmengine's settings, as plain dicts.
-"""
+"""mmengine's optimiser constructor without the EMA teacher, and DINO's clipping under ``--amp``."""
 import logging
 from typing import List, Optional, Union
 
@@ -24,13 +16,13 @@ _DINO_TWINS = {'OptimWrapper': 'DINOOptimWrapper', 'AmpOptimWrapper': 'DINOAmpOp
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()
 class StudentOptimWrapperConstructor(DefaultOptimWrapperConstructor):
-    """``DefaultOptimWrapperConstructor`` that leaves averaged (EMA) models out and builds the
-    DINO twin of the wrapper when ``clip_grad=dict(type='per_param')``."""
+    """``DefaultOptimWrapperConstructor`` that leaves averaged (EMA) models out (``paramwise_cfg``
+    cannot: it warns once per teacher parameter), gives plain dict parameter groups (``ConfigDict``
+    ones stop ``torch.compile``), and builds the DINO twin of the wrapper for
+    ``clip_grad=dict(type='per_param')`` (``--amp`` sets ``AmpOptimWrapper``)."""
 
     def __init__(self, optim_wrapper_cfg: dict, paramwise_cfg: Optional[dict] = None) -> None:
-        clip_grad = optim_wrapper_cfg.get('clip_grad') or {}
-        if clip_grad.get('type') == 'per_param':
-            optim_wrapper_cfg = dict(optim_wrapper_cfg)
+        if (optim_wrapper_cfg.get('clip_grad') or {}).get('type') == 'per_param':
             wrapper = optim_wrapper_cfg.get('type', 'OptimWrapper')
             if wrapper not in _DINO_TWINS:
                 raise ValueError(
@@ -42,26 +34,16 @@ class StudentOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                 print_log(f'optim_wrapper.type {wrapper!r} (set by --amp?) cannot clip per '
                           f'parameter: building its DINO twin {_DINO_TWINS[wrapper]!r}.',
                           logger='current', level=logging.INFO)
-            optim_wrapper_cfg['type'] = _DINO_TWINS[wrapper]
+            optim_wrapper_cfg = dict(optim_wrapper_cfg, type=_DINO_TWINS[wrapper])
         super().__init__(optim_wrapper_cfg, paramwise_cfg)
 
     def __call__(self, model: nn.Module) -> OptimWrapper:
         optim_wrapper = super().__call__(model)
-        # The same settings as plain dicts: a ConfigDict group stops torch.compile's trace of
-        # the optimiser (mmengine's config converts the groups when it stores them).
         groups = optim_wrapper.optimizer.param_groups
-        groups[:] = [dict(group) for group in groups]
+        groups[:] = [dict(group) for group in groups]  # the same settings, traceable
         return optim_wrapper
 
     def add_params(self, params: List[dict], module: nn.Module, prefix: str = '',
                    is_dcn_module: Optional[Union[int, float]] = None) -> None:
-        """mmengine's ``add_params``, except that an EMA model adds nothing."""
-        if isinstance(module, BaseAveragedModel):
-            count = sum(p.numel() for p in module.parameters())
-            print_log(f'{prefix or type(module).__name__}: an averaged model '
-                      f'({type(module).__name__}, {count:,} values) follows the trained '
-                      'parameters through its update rule; left out of the optimiser.',
-                      logger='current', level=logging.DEBUG)
-            return
-        super().add_params(params, module, prefix, is_dcn_module)
-
+        if not isinstance(module, BaseAveragedModel):  # it follows by its own update rule
+            super().add_params(params, module, prefix, is_dcn_module)

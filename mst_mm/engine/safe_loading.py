@@ -1,138 +1,202 @@
-"""Weights-only checkpoint loading that still reads mmengine's own checkpoints.
-
-torch >= 2.6 loads weights-only by default, which refuses mmengine's training checkpoints
-(numpy arrays, ``HistoryBuffer``): this allow-lists exactly those globals and names the
-file in every failure. ``import mst_mm`` changes no loader; see docs/reliability.md.
-"""
-import errno
+"""Weights-only checkpoint loads (mmengine's globals allowed for ours only), checked for fit."""
+import logging
 import os.path as osp
 import pickle
+import re
 import zipfile
-from typing import Any
+from collections import Counter, OrderedDict
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
-from mmengine.logging import HistoryBuffer
-from mmengine.runner import CheckpointLoader
+import torch.nn as nn
+from mmengine.config import Config
+from mmengine.logging import HistoryBuffer, print_log
+from mmengine.model.weight_init import PretrainedInit, update_init_info
+from mmengine.registry import WEIGHT_INITIALIZERS
+from mmengine.runner import CheckpointLoader, Runner
+from mmpretrain.registry import RUNNERS
+from mmpretrain.utils import get_ori_model
 
-from .errors import CheckpointNotFoundError, UnreadableCheckpointError, UnsafeCheckpointError
+from mst_mm.errors import CheckpointError
 
-_NUMERIC_DTYPES = ('bool', 'int8', 'int16', 'int32', 'int64', 'uint8', 'uint16', 'uint32',
-                   'uint64', 'float16', 'float32', 'float64')
+__all__ = ['CheckedPretrainedInit', 'CheckedRunner', 'build_runner', 'check_training_checkpoint',
+           'load_checked', 'read_checkpoint']
+_SIZE_MISMATCH = re.compile(r'size mismatch for (\S+): .*?Size\(\[(.*?)\]\).*?Size\(\[(.*?)\]\)')
 
 
 def _history_buffer_method(obj: Any, name: str) -> Any:
-    """``getattr`` for weights-only loads: pickle stores ``HistoryBuffer.min`` (the message
-    hub's statistics) as ``getattr(HistoryBuffer, 'min')``; nothing else may use it."""
-    allowed = {'min', 'max', 'current', 'mean', *HistoryBuffer._statistics_methods}
-    if obj is HistoryBuffer and name in allowed:
-        return getattr(obj, name)
-    raise RuntimeError(f'Refusing getattr({obj!r}, {name!r}) while loading a checkpoint: '
-                       'only HistoryBuffer statistics methods are allowed.')
+    """``getattr``, as pickle stores the message hub's ``HistoryBuffer.mean`` & co, only."""
+    if obj is not HistoryBuffer or name not in {'min', 'max', 'current', 'mean',
+                                                *HistoryBuffer._statistics_methods}:
+        raise RuntimeError(f'Refusing getattr({obj!r}, {name!r}) while loading a checkpoint.')
+    return getattr(obj, name)
 
 
-def allow_mmengine_checkpoint_globals() -> None:
-    """Register the globals of mmengine training checkpoints as safe for weights-only loads."""
-    multiarray = np.core.multiarray
-    torch.serialization.add_safe_globals([
-        np.ndarray,
-        np.dtype,
-        # A dtype is rebuilt as an instance of its class, e.g. numpy.dtypes.Float64DType.
-        *{type(np.dtype(name)) for name in _NUMERIC_DTYPES},
-        (multiarray._reconstruct, 'numpy.core.multiarray._reconstruct'),
-        (multiarray.scalar, 'numpy.core.multiarray.scalar'),
-        HistoryBuffer,
-        (_history_buffer_method, 'builtins.getattr'),
-    ])
-
-
-def _describe_unreadable(filename: str, error: BaseException) -> str:
-    """Why ``torch.load`` could not read ``filename``, in words a user can act on."""
-    size = osp.getsize(filename)
-    with open(filename, 'rb') as f:
-        head = f.read(4)
-    if size == 0:
-        return 'the file is empty (0 bytes)'
-    if head == b'PK\x03\x04' and not zipfile.is_zipfile(filename):
-        # torch.save writes a zip archive whose directory comes last: a write cut short (a
-        # kill, a full disk) loses it, and torch then reports a miniz or OS error.
-        return (f'the file is truncated ({size} bytes, the end of its zip archive is '
-                'missing): the save that wrote it was probably interrupted')
-    return (f'it is not a PyTorch checkpoint, or it is corrupted ({size} bytes; '
-            f'{type(error).__name__}: {_first_line(error)})')
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    # torch's weights-only unpickler puts the actual reason after a paragraph of advice.
-    for i, line in enumerate(lines[:-1]):
-        if line.startswith('Please file an issue') or line.endswith('WeightsUnpickler error:'):
-            return lines[i + 1]
-    return lines[0] if lines else repr(error)
+def _mmengine_globals() -> List[Any]:
+    """The globals of an mmengine training checkpoint, under numpy 1's and numpy 2's names."""
+    rebuilders = (('_reconstruct', np.zeros(1).__reduce__()[0]),
+                  ('scalar', np.float64(0).__reduce__()[0]))
+    return [np.ndarray, np.dtype, HistoryBuffer, (_history_buffer_method, 'builtins.getattr'),
+            *{type(np.dtype(c)) for c in '?' + np.typecodes['AllInteger'] + 'efd'},  # dtype classes
+            *[(function, f'numpy.{core}.multiarray.{name}') for core in ('core', '_core')
+              for name, function in rebuilders]]
 
 
 def read_checkpoint(filename: str, map_location: Any = None, mmap: bool = False) -> Any:
-    """``torch.load(filename)``, weights-only, with errors that name the file and the fix.
-
-    ``mmap=True`` maps the storage to look at a large checkpoint cheaply (legacy non-zip
-    files are read in full).
-
-    Raises:
-        CheckpointNotFoundError: ``filename`` does not exist.
-        UnsafeCheckpointError: the pickle asks for a global outside the allow-list, i.e.
-            loading it could run code.
-        UnreadableCheckpointError: the file is empty, truncated, corrupted or no checkpoint.
-    """
-    allow_mmengine_checkpoint_globals()
-    filename = osp.expanduser(filename)
-    if not osp.isfile(filename):
-        raise CheckpointNotFoundError(f'Checkpoint {filename} does not exist.')
-    try:
+    """Weights-only ``torch.load``, mmengine's globals allowed in this call only; URLs: mmengine."""
+    already = torch.serialization.get_safe_globals()  # left as they are on the way out
+    with torch.serialization.safe_globals([g for g in _mmengine_globals() if g not in already]):
+        if '://' in filename:
+            return CheckpointLoader.load_checkpoint(filename, map_location=map_location)
+        filename = osp.expanduser(filename)
+        if not osp.isfile(filename):
+            raise CheckpointError(f'Checkpoint {filename} does not exist.')
         try:
             return torch.load(filename, map_location=map_location, weights_only=True,
-                              mmap=mmap)
-        except RuntimeError as error:
-            if not (mmap and 'mmap can only be used' in str(error)):
-                raise
-            return torch.load(filename, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as error:
-        lines = str(error).splitlines()
-        reason = next((line.strip() for line in lines if 'GLOBAL' in line or 'global' in line),
-                      None)
-        if reason is None:  # not a refused global: the bytes are not a pickle of ours
-            raise UnreadableCheckpointError(_unreadable_message(filename, error)) from None
-        raise UnsafeCheckpointError(
-            f'Refusing to load {filename}: it is not a plain weights checkpoint ({reason}). '
-            'Loading it could run code hidden in the file. Use a checkpoint from a source '
-            'you trust, or re-save its state_dict with torch.save.') from None
-    except (RuntimeError, OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as error:
-        if isinstance(error, OSError) and error.errno in (errno.EACCES, errno.EPERM):
-            raise UnreadableCheckpointError(
-                f'Cannot read checkpoint {filename}: permission denied.') from None
-        raise UnreadableCheckpointError(_unreadable_message(filename, error)) from None
+                              mmap=mmap and zipfile.is_zipfile(filename))
+        except Exception as error:  # a foreign file makes torch.load raise anything
+            # First sentences only: torch's messages go on with generic advice.
+            lines = [line.strip().split('. ')[0].rstrip('.') for line in str(error).splitlines()
+                     if line.strip()] or ['']
+            refused = next((line for line in lines if 'GLOBAL' in line), None)
+            if isinstance(error, pickle.UnpicklingError) and refused:
+                raise CheckpointError(f'Refusing to load {filename}: {refused}. It could run code'
+                                      ' hidden in the file: use a checkpoint you trust.') from None
+            reason = next((line for line in lines if 'WeightsUnpickler error' in line), lines[0])
+            size = osp.getsize(filename)
+            # torch.save's zip archive has its directory last: a kill or a full disk loses it.
+            why = ('the file is empty (0 bytes)' if size == 0 else
+                   f'the file is truncated ({size} bytes, the end of its zip archive is missing):'
+                   ' the save that wrote it was probably interrupted' if 'zip archive' in reason
+                   and not zipfile.is_zipfile(filename) else
+                   f'it is not a PyTorch checkpoint, or it is corrupted ({size} bytes)')
+            raise CheckpointError(f'Cannot read checkpoint {filename}: {why} '
+                                  f'({type(error).__name__}: {reason}). Use another checkpoint '
+                                  '(an earlier epoch_N.pth or a fresh copy).') from None
 
 
-def _unreadable_message(filename: str, error: BaseException) -> str:
-    return (f'Cannot read checkpoint {filename}: {_describe_unreadable(filename, error)}. '
-            'Use another checkpoint (the previous epoch_N.pth of the run, or a fresh copy of '
-            'the file); this one is left as it is.')
+def check_training_checkpoint(filename: str) -> None:
+    """Refuse a ``--resume`` file that is no training checkpoint (mmengine: a bare ``KeyError``)."""
+    checkpoint = read_checkpoint(filename, map_location='cpu', mmap=True)
+    if not isinstance(checkpoint, dict):
+        problems, found = [f'it holds a {type(checkpoint).__name__}, not a dict'], ''
+    else:
+        meta, problems = checkpoint.get('meta'), []
+        found = f' Its top-level keys: {", ".join(sorted(map(str, checkpoint))[:8]) or "none"}.'
+        if not isinstance(meta, dict):
+            problems.append("it has no 'meta' (epoch and iteration)")
+        elif not {'epoch', 'iter'} <= set(meta):
+            problems.append("its 'meta' has no epoch and iteration")
+        if 'message_hub' not in checkpoint:
+            problems.append("it has no 'message_hub' (the logged history)")
+        if not isinstance(checkpoint.get('state_dict'), dict):
+            problems.append("it has no 'state_dict' (the weights)")
+    if problems:
+        raise CheckpointError(
+            f'Cannot resume from {filename}: it is not an mmengine training checkpoint '
+            f'({"; ".join(problems)}).{found} --resume continues a run that tools/train.py saved '
+            '(WORK_DIR/epoch_N.pth or latest.pth; --resume alone takes the newest). To start a new '
+            f'run from these weights, drop --resume and pass --cfg-options load_from={filename}.')
 
 
-def load_local_checkpoint(filename: str, map_location: Any = None) -> Any:
-    """:func:`read_checkpoint` with the signature of mmengine's local loader."""
-    return read_checkpoint(filename, map_location=map_location)
+def _show(keys: Sequence[str], limit: int = 6) -> str:
+    return ', '.join(sorted(keys)[:limit]) + (', ...' if len(keys) > limit else '')
 
 
-def load_checkpoint_safely(filename: str, map_location: Any = None) -> Any:
-    """A local file through :func:`load_local_checkpoint`; a URL (``https://``, ``s3://``,
-    ``open-mmlab://``...) through mmengine's loader for its scheme."""
-    if '://' in filename:
-        return CheckpointLoader.load_checkpoint(filename, map_location=map_location)
-    return load_local_checkpoint(filename, map_location=map_location)
+def load_checked(module: nn.Module, state_dict: dict, source: str, what: str, fix: str,
+                 allow_partial: bool = False, partial_hint: str = '', strict: bool = False):
+    """``module.load_state_dict``, refusing weights of ``what`` left random (``allow_partial``:
+    only if none loaded), a shape mismatch or (``strict``) an unexpected key, by name."""
+    expected = [k for k in module.state_dict() if not k.endswith('num_batches_tracked')]
+    try:
+        result = module.load_state_dict(state_dict, strict=strict)
+    except RuntimeError as error:  # torch raises on a shape mismatch even when not strict
+        shapes = '; '.join(f'{key} is ({theirs}) in the checkpoint and ({ours}) in the model'
+                           for key, theirs, ours in _SIZE_MISMATCH.findall(str(error))[:3])
+        raise CheckpointError(f'{source} does not fit {what}: {shapes or error}. {fix}') from None
+    missing = sorted(k for k in result.missing_keys if not k.endswith('num_batches_tracked'))
+    if not missing:
+        return
+    sizes = Counter(k.partition('.')[0] if '.' in k else '' for k in expected)
+    groups: Dict[str, List[str]] = {}  # missing keys by top-level module
+    for head, tail in (k.split('.', 1) if '.' in k else ('', k) for k in missing):
+        groups.setdefault(head, []).append(tail)
+    summary = '; '.join(f'{name or "top level"}: {len(names)} of {sizes[name]} tensors '
+                        f'({_show(names, 5)})' for name, names in groups.items())
+    if len(missing) == len(expected):
+        raise CheckpointError(f'{source} provides none of the {len(expected)} weights of {what}, '
+                              f'which would stay randomly initialised: missing {summary}. The '
+                              f'file holds {_show(result.unexpected_keys) or "no tensors"}. It '
+                              f'is not a checkpoint of this model. {fix}')
+    message = (f'{source} provides {len(expected) - len(missing)} of the {len(expected)} weights '
+               f'of {what}; not loaded, so left randomly initialised: {summary}.')
+    if not allow_partial:
+        raise CheckpointError(f'{message} {fix} {partial_hint}'.rstrip())
+    print_log(f'{message} Partial load allowed: going on.', logger='current', level=logging.WARNING)
 
 
-def install_weights_only_loader() -> None:
-    """Opt in: make :func:`load_local_checkpoint` mmengine's loader for every local file in
-    this process (``--resume``, ``load_from`` and ``init_cfg`` of any library's runner).
-    ``import mst_mm`` never calls it."""
-    CheckpointLoader.register_scheme(prefixes='', loader=load_local_checkpoint, force=True)
+def _state_dict_of(checkpoint: Any, source: str, revise_keys: Sequence = ()) -> dict:
+    """The state dict in a loaded checkpoint (``'state_dict'`` if any), keys revised."""
+    state_dict = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else 0
+    if not isinstance(state_dict, dict):
+        raise CheckpointError(f'{source} holds no state dict: it provides no weights.')
+    revised = OrderedDict(state_dict)
+    for pattern, replacement in revise_keys:
+        revised = OrderedDict((re.sub(pattern, replacement, k), v) for k, v in revised.items())
+    revised._metadata = getattr(state_dict, '_metadata', OrderedDict())  # module versions
+    return revised
+
+
+@WEIGHT_INITIALIZERS.register_module(name='CheckedPretrained')
+class CheckedPretrainedInit(PretrainedInit):
+    """mmengine's ``Pretrained``, weights-only, refusing a partial load unless ``allow_partial``."""
+
+    def __init__(self, checkpoint: str, prefix: Optional[str] = None,
+                 map_location: str = 'cpu', allow_partial: bool = False) -> None:
+        super().__init__(checkpoint, prefix=prefix, map_location=map_location)
+        self.allow_partial = allow_partial
+
+    def __call__(self, module: nn.Module) -> None:
+        what = f"the {type(module).__name__} (init_cfg type='CheckedPretrained')"
+        fix = "Check the init_cfg's checkpoint and prefix ('teacher.module.0.': MST's teacher)."
+        state_dict = _state_dict_of(read_checkpoint(self.checkpoint, self.map_location),
+                                    self.checkpoint, [] if self.prefix else [(r'^module\.', '')])
+        if self.prefix:
+            prefix = self.prefix.rstrip('.') + '.'
+            selected = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+            if not selected:
+                raise CheckpointError(f'{self.checkpoint} has no weights under the prefix '
+                                      f'{prefix!r}; its keys: {_show(state_dict)}. {fix}')
+            state_dict = selected
+        load_checked(module, state_dict, self.checkpoint, what, fix, self.allow_partial,
+                     'To load what matches and keep the rest random, add allow_partial=True '
+                     'to the init_cfg.')
+        if hasattr(module, '_params_init_info'):
+            update_init_info(module, init_info=self._get_init_info())
+
+
+@RUNNERS.register_module()
+class CheckedRunner(Runner):
+    """mmengine's ``Runner`` whose loads are weights-only and must provide every weight."""
+
+    def load_checkpoint(self, filename: str, map_location: Any = 'cpu', strict: bool = False,
+                        revise_keys: list = [(r'^module\.', '')]) -> dict:  # noqa: B006
+        checkpoint = read_checkpoint(filename, map_location)
+        self.call_hook('after_load_checkpoint', checkpoint=checkpoint)  # may rewrite it, first
+        model = get_ori_model(self.model)
+        load_checked(model, _state_dict_of(checkpoint, filename, revise_keys), filename,
+                     f"this config's {type(model).__name__}",
+                     "Give a checkpoint of this config's model: an MST training checkpoint "
+                     '(WORK_DIR/epoch_N.pth) or a state dict that the model accepts.',
+                     bool(self.cfg.get('allow_partial_load', False)),
+                     '--allow-partial (allow_partial_load=True in the config) loads what '
+                     'matches and leaves the rest randomly initialised.', strict)
+        self._has_loaded = True
+        self.logger.info(f'Load checkpoint from {filename}')
+        return checkpoint
+
+
+def build_runner(cfg: Config) -> Runner:
+    """The config's ``runner_type`` (``CheckedRunner`` in ours), else mmengine's ``Runner``."""
+    return RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)

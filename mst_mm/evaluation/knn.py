@@ -22,23 +22,12 @@ def weighted_knn_scores(train_feats: torch.Tensor,
                         ks: Sequence[int] = DEFAULT_KS,
                         temperature: float = 0.07,
                         chunk_size: int = 4096) -> Dict[int, torch.Tensor]:
-    r"""Class votes of the k nearest train features for every query.
+    r"""Class votes (M, num_classes) of the k nearest of N train features, per k in ``ks``.
 
     Features are L2-normalised and compared by cosine similarity :math:`s`; each of the k
     nearest neighbours votes for its class with weight :math:`\exp(s / T)` (Wu et al. 2018,
-    as in DINO and the MST appendix).
-
-    Args:
-        train_feats (Tensor): (N, D) train features.
-        train_labels (Tensor): (N,) integer labels.
-        query_feats (Tensor): (M, D) features to classify.
-        num_classes (int): Number of classes.
-        ks (Sequence[int]): The k values to evaluate; each is capped at N.
-        temperature (float): :math:`T`. Defaults to 0.07.
-        chunk_size (int): Rows of train and query features processed at a time.
-
-    Returns:
-        dict: ``{k: votes}`` with votes of shape (M, num_classes).
+    as in DINO and the MST appendix). k is capped at N; ``chunk_size`` rows of train and
+    query features are compared at a time.
     """
     if len(train_feats) != len(train_labels):
         raise ValueError(f'{len(train_feats)} train features but {len(train_labels)} labels.')
@@ -88,18 +77,10 @@ def knn_top1(train_feats: torch.Tensor,
 
 @METRICS.register_module()
 class WeightedKNNAccuracy(BaseMetric):
-    """Top-1 of weighted k-NN on frozen embeddings, for mmengine's test loop.
+    """Top-1 (%) of weighted k-NN on frozen embeddings, for mmengine's test loop.
 
     ``KNNTestLoop`` embeds the reference (train) set first and hands it over with
-    :meth:`set_reference`; the test loop's predictions must carry an ``embedding`` field
-    (``FeatureEmbedder`` writes it).
-
-    Args:
-        ks (Sequence[int]): Defaults to (10, 20, 100, 200).
-        temperature (float): Defaults to 0.07.
-        chunk_size (int): Rows per chunk of the similarity computation. Defaults to 4096.
-        collect_device (str): Defaults to 'cpu'.
-        prefix (str): Defaults to 'knn'.
+    :meth:`set_reference`; predictions carry an ``embedding`` field (``FeatureEmbedder``).
     """
     default_prefix = 'knn'
 

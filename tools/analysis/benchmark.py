@@ -1,69 +1,20 @@
-"""What MST costs over DINO, and how our step compares with the original DINO code.
+"""What MST costs over DINO, and how our training step compares with the original DINO code.
 
-    python tools/analysis/benchmark.py [--models tiny deit-s swin-t CONFIG.py ...]
-        [--repeats 5] [--batch-size deit-s=16] [--device cpu|cuda] [--out FILE.json]
+Without ``--reference-dino``, per model: (a) the MST step against the DINO baseline of the
+same config and MST with the mask only, (b) the teacher's forward with and without its CLS
+attention, (c) the decoder's share of the MST step.
+With ``--reference-dino DIR`` (a facebookresearch/dino clone, imported at run time): DINO's
+``main_dino.py`` step against our DINO mode and MST on the same crops, with FLOP counts.
 
-    python tools/analysis/benchmark.py --reference-dino /path/to/dino --models deit-s \\
-        --batch-size 4 --threads 2
-
-Every timing is interleaved (the variants take turns inside every repetition, in a rotating
-order, so that drifts of a noisy machine hit all of them alike) and reported as medians.
-
-Without ``--reference-dino``, for every model (a built-in name or a config path):
-
-(a) ``step``: one full training step (data preprocessing, forward, backward, AdamW, EMA)
-    of MST against the DINO baseline built from the same config with masking and decoder
-    off, on the same crops and batch; and, between the two, MST with the mask only (the
-    decoder off), which splits MST's cost into its two parts: the paper says the mask adds
-    no training time.
-(b) ``attention``: the teacher's forward that also returns the last-layer CLS attention,
-    against the same forward without it. Target <= 1.02.
-(c) ``decoder``: forward + backward of the image decoder and its L1 loss, as a share of
-    the MST step.
-(d) ``pipeline``: multi-crop data pipeline throughput in images per second per worker
-    (decode once per image, then every view): ``MultiCrop``'s fast transforms against
-    mmpretrain's own ``RandomResizedCrop`` and ``ColorJitter`` composed the same way.
-(e) ``memory``: peak memory of one training step of each variant, in a fresh process per
-    variant: the CUDA allocator's peak over what was allocated before the step, or on the
-    CPU the peak growth of the resident set during the second step (sampled every 2 ms; the
-    first step allocates the optimiser state).
-
-With ``--reference-dino DIR`` (a clone of facebookresearch/dino; its code is imported from
-DIR at run time and never copied here), for every model instead: the training step of
-DINO's ``main_dino.py`` (teacher and student forward, ``DINOLoss``, backward,
-``clip_gradients``, ``cancel_gradients_last_layer``, AdamW on ``get_params_groups``, the
-EMA loop), built from DINO's own ``vision_transformer`` and ``utils`` with the config's
-backbone, head, crops, K and temperatures, interleaved with our DINO mode (the config with
-mask and decoder off) and our MST step on the same crops; with AMP on both sides on CUDA
-(DINO's ``autocast`` + ``GradScaler``, our ``--amp`` optimiser wrapper). It reports the
-three steps, our speed against the reference's (reference seconds / ours) for both, MST /
-DINO mode, the spread of every figure, and the peak memory (e) of each step. ``--scaling``
-adds the three steps at batch 4, 8 and 16 (8 local crops) and at 0, 2 and 8 local crops
-(batch 4): whether our overhead grows with the work. Each step's floating-point operations
-are counted once (``torch.utils.flop_counter``: matrix products, convolutions and attention,
-forward and backward) and reported per image with images per second; with
-``--peak-tflops`` (the device's dense peak for the step's precision) also the model FLOP
-utilisation, MFU = images/s x FLOP per image / peak.
-
-A figure is only as good as the machine was quiet. Every run ends with a verdict
-(``quiet`` in the JSON, and a last line saying whether the figures may be published): quiet
-when the 1-minute load average before the first timing was at most ``QUIET_LOAD`` per
-core (nothing else running) and, for every pair of steps, the ratio of their times taken
-inside each repetition stays within ``QUIET_RATIO_SPREAD`` of its median ((max - min) /
-median). The ratios are what is published; the seconds themselves are not judged, because
-a shared VM's speed drifts by 10-15 % within minutes (seen on this project's machine, with
-nothing else running in it), which interleaving cancels in the ratios but not in the times.
-A noisy run is marked as such in its JSON and its output; the README and docs/benchmarks.md
-quote quiet runs only.
-
-Speeds are never asserted in tests; ``tests/test_benchmark.py`` runs this tool on the tiny
-model (and on a stand-in for DINO's code) and checks the JSON.
+Timings are interleaved (the variants take turns in every repetition, in a rotating order),
+so a drift of the machine's speed cancels in their ratios. A ratio is that of the median
+times, printed with the range of the ratios inside each repetition and the 1-minute load
+average per core before timing. docs/benchmarks.md explains every figure.
 """
 import argparse
 import copy
 import importlib
 import inspect
-import itertools
 import json
 import logging
 import math
@@ -75,8 +26,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from functools import partial
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -93,23 +44,17 @@ MODELS = {
     'swin-t': ('configs/mst/mst_swin-t-p4-w7_8xb128-coslr-100e_in1k.py', 16),
 }
 DEFAULT_BATCH_SIZE = 16  # for a config path without a --batch-size
-MASK_ONLY_OVERRIDES = dict(decoder_head=None)
-TARGETS = dict(step=1.10, attention=1.02)
 # The modules of a facebookresearch/dino clone that the reference step uses.
 REFERENCE_MODULES = ('main_dino', 'utils', 'vision_transformer')
-# mmpretrain ViT arch -> DINO's constructor in vision_transformer.py (mmpretrain's 'small'
-# is 768 wide and 8 deep, not DINO's ViT-S: only the DeiT names and base match)
-REFERENCE_ARCHS = {'deit-t': 'vit_tiny', 'deit-tiny': 'vit_tiny',
-                   'deit-s': 'vit_small', 'deit-small': 'vit_small',
-                   'deit-b': 'vit_base', 'deit-base': 'vit_base', 'b': 'vit_base',
-                   'base': 'vit_base'}
-STEP_NAMES = ('reference_dino', 'dino_mode', 'mst')
-# --scaling: (batch, local crops) points, to show how each step grows with the work.
-SCALING_POINTS = ((4, 0), (4, 2), (4, 8), (8, 8), (16, 8))
-# The quiet-machine rule (module docstring): load per core before timing, and the spread of
-# every ratio of two steps over the repetitions.
-QUIET_LOAD = 0.25
-QUIET_RATIO_SPREAD = 0.20
+# mmpretrain ViT arch -> DINO's constructor (mmpretrain's 'small' is 768 wide and 8 deep,
+# not DINO's ViT-S: only the DeiT names and base match)
+REFERENCE_ARCHS = {'deit-t': 'vit_tiny', 'deit-tiny': 'vit_tiny', 'deit-s': 'vit_small',
+                   'deit-small': 'vit_small', 'deit-b': 'vit_base', 'deit-base': 'vit_base',
+                   'b': 'vit_base', 'base': 'vit_base'}
+# ratio in the JSON -> (numerator, denominator); speed is reference seconds / ours
+REFERENCE_RATIOS = {'dino_mode_speed_vs_reference': ('reference_dino', 'dino_mode'),
+                    'mst_speed_vs_reference': ('reference_dino', 'mst'),
+                    'mst_over_dino_mode': ('mst', 'dino_mode')}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,120 +68,71 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument('--repeats', type=int, default=5,
                         help='timed repetitions of every variant (the median is reported)')
     parser.add_argument('--warmup', type=int, default=2, help='untimed steps per variant')
-    parser.add_argument('--batch-size', nargs='+', default=[], metavar='[MODEL=]N',
-                        help='images per step: N for every model, or MODEL=N for one (MODEL '
-                        'as given to --models), e.g. deit-s=32; defaults: '
-                        + ', '.join(f'{k}={v}' for k, (_, v) in MODELS.items())
+    parser.add_argument('--batch-size', type=int, default=None,
+                        help='images per step of every model; default: '
+                        + ', '.join(f'{k} {v}' for k, (_, v) in MODELS.items())
                         + f', a config path {DEFAULT_BATCH_SIZE}')
-    parser.add_argument('--pipeline-images', type=int, default=16,
-                        help='images per timed pass of the data pipeline (d)')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu',
                         help='where the steps run: cpu or cuda')
     parser.add_argument('--threads', type=int, default=None,
-                        help='torch CPU threads (torch.set_num_threads), also in the memory '
-                        "probes; default: torch's own choice")
-    parser.add_argument('--decoder-channels', type=int, nargs='+', metavar='C',
-                        help='override the decoder widths of every model, e.g. 64 32 16 8')
+                        help="torch CPU threads (torch.set_num_threads); default: torch's own")
     parser.add_argument('--reference-dino', metavar='DIR',
                         help='a clone of facebookresearch/dino: time its main_dino.py step '
-                        'against our DINO mode and MST instead of (a)-(e)')
+                        'against our DINO mode and MST instead of (a)-(c)')
     parser.add_argument('--amp', action=argparse.BooleanOptionalAction, default=None,
-                        help='mixed precision on both sides of --reference-dino (DINO\'s '
+                        help="mixed precision on both sides of --reference-dino (DINO's "
                         'autocast + GradScaler, our AMP optimiser wrapper); default: on '
                         'with CUDA, off on the CPU')
-    parser.add_argument('--scaling', action='store_true',
-                        help='with --reference-dino: also time the three steps at batch 4, 8 '
-                        'and 16 (8 local crops) and at 0, 2 and 8 local crops (batch 4), to '
-                        'show how each grows with the work')
     parser.add_argument('--peak-tflops', type=float, default=None,
                         help="with --reference-dino: the device's dense peak in TFLOP/s for "
-                        'the precision used (e.g. 989 for an H100/H200 in bf16/fp16), to '
-                        'report the model FLOP utilisation of each step')
-    parser.add_argument('--skip-memory', action='store_true',
-                        help='skip the peak-memory probes (e)')
+                        'the precision used (e.g. 989 for an H100 in bf16), to report the '
+                        'model FLOP utilisation of each step')
     parser.add_argument('--out', default='work_dirs/benchmark/benchmark.json',
                         help='the JSON file that receives every figure')
-    parser.add_argument('--memory-probe', help=argparse.SUPPRESS)  # internal: one child run
     return parser
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
-
-
 def resolve_model(name: str) -> Tuple[str, int]:
-    """(config path relative to the repository or absolute, default batch) of a --models entry.
-
-    Args:
-        name (str): A key of ``MODELS`` or the path of a config file.
-    """
-    if name in MODELS:
-        return MODELS[name]
-    if osp.isfile(name) or osp.isfile(osp.join(REPO, name)):
-        return name, DEFAULT_BATCH_SIZE
+    """(config file, default batch) of a --models entry: a key of ``MODELS`` or a config."""
+    config, batch_size = MODELS.get(name, (name, DEFAULT_BATCH_SIZE))
+    for path in (config, osp.join(REPO, config)):
+        if osp.isfile(path):
+            return path, batch_size
     raise ValueError(f'--models takes built-in names ({", ".join(MODELS)}) or paths of '
                      f'config files; {name!r} is neither.')
 
 
-def config_path(config: str) -> str:
-    return config if osp.isfile(config) else osp.join(REPO, config)
-
-
-def batch_sizes_for(models: List[str], options: List[str]) -> Dict[str, int]:
-    """The batch of every model from the built-in defaults and ``--batch-size`` options."""
-    sizes = {name: resolve_model(name)[1] for name in models}
-    for item in options:
-        name, sep, value = item.rpartition('=')
-        if not value.isdigit() or int(value) < 1 or (sep and name not in sizes):
-            raise ValueError(f'--batch-size takes N or MODEL=N with N >= 1 and MODEL one of '
-                             f'--models {models}, got {item!r}.')
-        for key in ([name] if sep else models):
-            sizes[key] = int(value)
-    return sizes
-
-
-def load_variants(config: str, decoder_channels: Optional[List[int]] = None,
-                  num_local_crops: Optional[int] = None) -> Dict[str, Config]:
-    """The config's model as MST, the DINO baseline (no mask, no decoder) and MST with the
-    mask only (no decoder) from it; optionally with other decoder widths or another number
-    of local crops."""
-    mst = Config.fromfile(config_path(config))
-    if decoder_channels:
-        mst.model.decoder_head.channels = tuple(decoder_channels)
-    if num_local_crops is not None:
-        multicrop_step(mst)['num_local_crops'] = num_local_crops
+def load_variants(config: str) -> Dict[str, Config]:
+    """The config's model as MST, as the DINO baseline (no mask, no decoder) and as MST
+    with the mask only (no decoder)."""
+    mst = Config.fromfile(config)
     dino, mask_only = copy.deepcopy(mst), copy.deepcopy(mst)
     dino.merge_from_dict(dict(model=DINO_MODE))
-    mask_only.merge_from_dict(dict(model=MASK_ONLY_OVERRIDES))
+    mask_only.merge_from_dict(dict(model=dict(decoder_head=None)))
     return dict(dino=dino, mask_only=mask_only, mst=mst)
-
-
-def multicrop_step(cfg: Config) -> dict:
-    """The MultiCrop step of the config's train pipeline (the dict itself, to edit)."""
-    for step in cfg.train_dataloader.dataset.pipeline:
-        if step['type'] == 'MultiCrop':
-            return step
-    raise ValueError('The config\'s train pipeline has no MultiCrop.')
 
 
 def crop_settings(cfg: Config) -> dict:
     """global_size / local_size / num_local_crops of the config's MultiCrop."""
     from mst_mm.datasets import MultiCrop
     defaults = {k: p.default for k, p in inspect.signature(MultiCrop).parameters.items()}
-    return {**defaults, **{k: v for k, v in multicrop_step(cfg).items() if k != 'type'}}
+    for step in cfg.train_dataloader.dataset.pipeline:
+        if step['type'] == 'MultiCrop':
+            return {**defaults, **{k: v for k, v in step.items() if k != 'type'}}
+    raise ValueError("The config's train pipeline has no MultiCrop.")
 
 
-def synthetic_batch(cfg: Config, batch_size: int, seed: int = 0, device: str = 'cpu') -> dict:
+def synthetic_batch(cfg: Config, batch_size: int, device: str = 'cpu') -> dict:
     """Random 0-255 crops of the config's sizes, one (B, 3, S, S) tensor per view."""
     crops = crop_settings(cfg)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(0)
     sizes = [crops['global_size']] * 2 + [crops['local_size']] * crops['num_local_crops']
     views = [torch.randint(0, 256, (batch_size, 3, s, s), generator=gen).float().to(device)
              for s in sizes]
     return dict(inputs=views, data_samples=None)
 
 
-def build_for_training(cfg: Config, device: str, seed: int = 0, amp: bool = False):
+def build_for_training(cfg: Config, device: str, amp: bool = False):
     """The config's model on ``device`` in training mode, and its optimiser wrapper."""
     from mmengine.logging import MessageHub
     from mmengine.optim import build_optim_wrapper
@@ -245,7 +141,7 @@ def build_for_training(cfg: Config, device: str, seed: int = 0, amp: bool = Fals
 
     from mst_mm.engine.optimizers import AMP_OPTIM_WRAPPERS
     MessageHub.get_current_instance().update_info('max_iters', 10_000)  # CosineEMA reads it
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     model = REGISTRY.build(cfg.model)
     model.init_weights()
     model.to(device).train()
@@ -257,64 +153,58 @@ def build_for_training(cfg: Config, device: str, seed: int = 0, amp: bool = Fals
         return model, build_optim_wrapper(model, optim_cfg)
 
 
-def _sync(device: str) -> None:
-    if device.startswith('cuda'):
-        torch.cuda.synchronize()
-
-
 def interleaved_times(fns: Dict[str, Callable[[], None]], repeats: int, warmup: int,
-                      device: str, usage: Optional[Dict[str, List[Dict[str, float]]]] = None
-                      ) -> Dict[str, List[float]]:
-    """Seconds of every repetition of each function; the order rotates every repetition.
-
-    Args:
-        usage (dict, optional): If given, also receives what this process spent in every
-            repetition (all threads), from ``getrusage``: ``user`` and ``system`` CPU
-            seconds and ``minor_faults`` (pages first touched). Other processes on a shared
-            machine disturb these far less than the wall clock; the system time is mostly
-            the page faults of the allocator handing large buffers back to the kernel and
-            getting them again.
-    """
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
+                      device: str) -> Tuple[Dict[str, List[float]], Dict[str, List[dict]]]:
+    """Seconds of every repetition of each function, the order rotating every repetition,
+    and what this process spent in each (``getrusage``: user and system CPU seconds, pages
+    first touched), which other processes on a shared machine disturb far less."""
+    for fn in list(fns.values()) * warmup:
+        fn()
     times: Dict[str, List[float]] = {name: [] for name in fns}
-    if usage is not None:
-        usage.update({name: [] for name in fns})
+    usage: Dict[str, List[dict]] = {name: [] for name in fns}
     names = list(fns)
+    sync = torch.cuda.synchronize if device.startswith('cuda') else lambda: None
     for rep in range(repeats):
         shift = rep % len(names)
         for name in names[shift:] + names[:shift]:
-            _sync(device)
+            sync()
             start, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
             fns[name]()
-            _sync(device)
+            sync()
             times[name].append(time.perf_counter() - start)
-            if usage is not None:
-                after = resource.getrusage(resource.RUSAGE_SELF)
-                usage[name].append(dict(user=after.ru_utime - before.ru_utime,
-                                        system=after.ru_stime - before.ru_stime,
-                                        minor_faults=after.ru_minflt - before.ru_minflt))
-    return times
-
-
-def usage_medians(usage: Dict[str, List[Dict[str, float]]]) -> Dict[str, Dict[str, float]]:
-    """Per step, the medians over the repetitions of :func:`interleaved_times`'s usage."""
-    return {name: {key: statistics.median(u[key] for u in reps) for key in reps[0]}
-            for name, reps in usage.items()}
-
-
-def usage_line(used: Dict[str, Dict[str, float]]) -> str:
-    return 'per step, median: ' + ', '.join(
-        f'{step} user {u["user"]:.3f} s, system {u["system"]:.3f} s, '
-        f'{u["minor_faults"]:.0f} page faults' for step, u in used.items())
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            usage[name].append(dict(user=after.ru_utime - before.ru_utime,
+                                    system=after.ru_stime - before.ru_stime,
+                                    minor_faults=after.ru_minflt - before.ru_minflt))
+    return times, usage
 
 
 def interleaved_medians(fns: Dict[str, Callable[[], None]], repeats: int, warmup: int,
                         device: str) -> Dict[str, float]:
     """Median seconds of each function, timed by :func:`interleaved_times`."""
-    times = interleaved_times(fns, repeats, warmup, device)
+    times, _ = interleaved_times(fns, repeats, warmup, device)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def usage_medians(usage: Dict[str, List[dict]]) -> Dict[str, Dict[str, float]]:
+    """Per step, the medians over the repetitions of :func:`interleaved_times`'s usage."""
+    return {name: {key: statistics.median(u[key] for u in reps) for key in reps[0]}
+            for name, reps in usage.items()}
+
+
+def ratio_over_repetitions(numerator: List[float], denominator: List[float]
+                           ) -> Tuple[float, List[float]]:
+    """median(numerator) / median(denominator), and [min, max] of the ratios taken inside
+    each repetition: the spread that the machine's drift leaves in the ratio."""
+    per_rep = [n / d for n, d in zip(numerator, denominator)]
+    return (statistics.median(numerator) / statistics.median(denominator),
+            [min(per_rep), max(per_rep)])
+
+
+def spread(times: List[float]) -> dict:
+    median = statistics.median(times)
+    return dict(median=median, min=min(times), max=max(times),
+                spread=(max(times) - min(times)) / median, all=times)
 
 
 def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, warmup: int,
@@ -322,44 +212,31 @@ def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, wa
     """(a), (b) and (c) for one model."""
     built = {name: build_for_training(cfg, device) for name, cfg in variants.items()}
     batch = synthetic_batch(variants['mst'], batch_size, device=device)
-
-    def step_fn(name):
-        model, optim_wrapper = built[name]
-        return lambda: model.train_step(batch, optim_wrapper)
-
-    usage: Dict[str, List[Dict[str, float]]] = {}
-    times = interleaved_times({name: step_fn(name) for name in built}, repeats, warmup, device,
-                              usage)
-    step = {name: statistics.median(t) for name, t in times.items()}
-
-    def ratio_range(variant: str) -> List[float]:
-        per_rep = [v / d for v, d in zip(times[variant], times['dino'])]
-        return [min(per_rep), max(per_rep)]
+    times, usage = interleaved_times(
+        {name: partial(model.train_step, batch, optim_wrapper)
+         for name, (model, optim_wrapper) in built.items()}, repeats, warmup, device)
+    step_ratio, step_range = ratio_over_repetitions(times['mst'], times['dino'])
+    mask_ratio, mask_range = ratio_over_repetitions(times['mask_only'], times['dino'])
 
     mst = built['mst'][0]
-    preprocessed = mst.data_preprocessor(batch, training=True)['inputs']
-    global_crops = torch.cat(preprocessed[:mst.num_global_crops])
+    global_crops = torch.cat(
+        mst.data_preprocessor(batch, training=True)['inputs'][:mst.num_global_crops])
     teacher_backbone = mst.teacher.module[0]
     teacher_backbone.eval()  # mmpretrain's ViT.train() does not return self
 
-    def teacher_forward(with_attn: bool):
-        def run():
-            with torch.no_grad():
-                teacher_backbone.forward_mst(global_crops, with_attn=with_attn,
-                                             with_patches=False)
-        return run
+    def teacher_forward(with_attn: bool) -> None:
+        with torch.no_grad():
+            teacher_backbone.forward_mst(global_crops, with_attn=with_attn, with_patches=False)
 
     attention = interleaved_medians(
-        dict(without=teacher_forward(False), with_attn=teacher_forward(True)),
+        dict(without=partial(teacher_forward, False), with_attn=partial(teacher_forward, True)),
         repeats * 3, warmup, device)
-
     result = dict(
         batch_size=batch_size,
-        step_seconds=step, step_ratio=step['mst'] / step['dino'],
-        step_spread={name: _spread(t) for name, t in times.items()},
-        step_ratio_range_over_repetitions=ratio_range('mst'),
-        mask_only_ratio=step['mask_only'] / step['dino'],
-        mask_only_ratio_range_over_repetitions=ratio_range('mask_only'),
+        step_seconds={name: statistics.median(t) for name, t in times.items()},
+        step_ratio=step_ratio, step_ratio_range_over_repetitions=step_range,
+        step_spread={name: spread(t) for name, t in times.items()},
+        mask_only_ratio=mask_ratio, mask_only_ratio_range_over_repetitions=mask_range,
         usage_per_step=usage_medians(usage),
         attention_forward_seconds=attention,
         attention_ratio=attention['with_attn'] / attention['without'])
@@ -367,13 +244,12 @@ def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, wa
         with torch.no_grad():
             feat_map = mst.backbone.forward_mst(global_crops).feat_map
 
-        def decoder_step():
-            feats = feat_map.detach().requires_grad_()
-            mst.decoder_head.loss(feats, global_crops).backward()
+        def decoder_step() -> None:
+            mst.decoder_head.loss(feat_map.detach().requires_grad_(), global_crops).backward()
 
         decoder = interleaved_medians(dict(decoder=decoder_step), repeats, warmup, device)
         result.update(decoder_seconds=decoder['decoder'],
-                      decoder_share=decoder['decoder'] / step['mst'],
+                      decoder_share=decoder['decoder'] / result['step_seconds']['mst'],
                       decoder_channels=list(mst.decoder_head.channels))
     return result
 
@@ -381,11 +257,8 @@ def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, wa
 # ---------------------------------------------------------------- the reference DINO step
 
 def flops_of(fn: Callable[[], None]) -> int:
-    """Floating-point operations of one call of ``fn`` (forward and backward), counted.
-
-    Attention runs on the math backend here: torch's counter has no formula for the CPU's
-    fused attention kernel and would count its matrix products as zero.
-    """
+    """Floating-point operations of one call of ``fn`` (forward and backward), counted, with
+    attention on the math backend: torch's counter counts the CPU's fused kernel as zero."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
     counter = FlopCounterMode(display=False)
@@ -395,19 +268,8 @@ def flops_of(fn: Callable[[], None]) -> int:
 
 
 def import_reference_dino(folder: str) -> dict:
-    """Import ``main_dino``, ``utils`` and ``vision_transformer`` from a DINO clone.
-
-    DINO's scripts import each other by top-level name (``import utils``), so the folder
-    goes first on ``sys.path`` for the import; afterwards ``sys.path`` and any modules of the
-    same names that were loaded before are restored, and the reference's modules live on
-    only through the objects built from them.
-
-    Args:
-        folder (str): The root of a facebookresearch/dino clone.
-
-    Returns:
-        dict: The three modules by name.
-    """
+    """A DINO clone's modules by name. They import each other by top-level name, so the
+    folder goes first on ``sys.path`` for the import; then ``sys.path`` is restored."""
     folder = osp.abspath(folder)
     missing = [f'{name}.py' for name in REFERENCE_MODULES
                if not osp.isfile(osp.join(folder, f'{name}.py'))]
@@ -415,7 +277,7 @@ def import_reference_dino(folder: str) -> dict:
         raise FileNotFoundError(
             f'--reference-dino {folder} is not a clone of facebookresearch/dino: it lacks '
             f'{", ".join(missing)}. Clone it with `git clone '
-            'https://github.com/facebookresearch/dino` and pass the clone\'s root folder.')
+            "https://github.com/facebookresearch/dino` and pass the clone's root folder.")
     saved = {name: sys.modules.pop(name) for name in REFERENCE_MODULES if name in sys.modules}
     sys.path.insert(0, folder)
     try:
@@ -427,132 +289,9 @@ def import_reference_dino(folder: str) -> dict:
         sys.modules.update(saved)
 
 
-def _one_process_group(device: str) -> None:
-    """DINO's loss all-reduces its centre: give it a process group of one rank."""
-    import torch.distributed as dist
-    if dist.is_initialized():
-        return
-    store = osp.join(tempfile.mkdtemp(prefix='dino_reference_pg_'), 'store')
-    backend = 'nccl' if device.startswith('cuda') else 'gloo'
-    dist.init_process_group(backend, init_method=f'file://{store}', rank=0, world_size=1)
-
-
-class ReferenceDINOStep:
-    """``main_dino.py``'s training step, built from a user's DINO clone with our config's
-    settings, as a callable that runs one step.
-
-    Everything that makes up the step is DINO's own code: ``vision_transformer`` (the ViT
-    and ``DINOHead``), ``utils`` (``MultiCropWrapper``, ``get_params_groups``,
-    ``clip_gradients``, ``cancel_gradients_last_layer``) and ``main_dino.DINOLoss``. Only
-    the order of calls of ``train_one_epoch``'s loop body is restated here, because the
-    loop itself needs DINO's data loader and a GPU. Single-process differences from a
-    multi-GPU DINO run, which apply to our side alike: no DDP wrapper and plain BatchNorm
-    instead of SyncBatchNorm.
-
-    Args:
-        dino_dir (str): The root of a facebookresearch/dino clone.
-        cfg (Config): Our pretraining config: the backbone arch, patch size and drop path,
-            the neck's widths, BN and ``norm_last_layer``, the head's temperatures and
-            centre momentum, the optimiser's lr, weight decay and clipping, the teacher
-            momentum and the number of crops are taken from it.
-        device (str): ``'cpu'`` or ``'cuda'``.
-        amp (bool): DINO's ``--use_fp16``: autocast and a ``GradScaler`` (CUDA only).
-        seed (int): Seed of the initial weights.
-    """
-
-    def __init__(self, dino_dir: str, cfg: Config, device: str, amp: bool = False,
-                 seed: int = 0) -> None:
-        modules = import_reference_dino(dino_dir)
-        main_dino, utils, vits = (modules[name] for name in REFERENCE_MODULES)
-        model, backbone, neck, head = cfg.model, cfg.model.backbone, cfg.model.neck, \
-            cfg.model.head
-        if backbone.get('type') != 'MaskViT':
-            raise ValueError(
-                '--reference-dino compares ViTs only (DINO has no Swin); this config\'s '
-                f'backbone is {backbone.get("type")}. Use a ViT config such as deit-s.')
-        head_kwargs = dict(use_bn=neck.get('with_bn', True), nlayers=neck.get('num_layers', 3),
-                           hidden_dim=neck.get('hidden_channels', 2048),
-                           bottleneck_dim=neck.get('bottleneck_channels', 256))
-        out_dim = neck.get('out_channels', 65536)
-        _one_process_group(device)
-        torch.manual_seed(seed)
-        student = reference_vit(vits, backbone, backbone.get('drop_path_rate', 0.))
-        teacher = reference_vit(vits, backbone, 0.)
-        embed_dim = student.embed_dim
-        self.student = utils.MultiCropWrapper(student, vits.DINOHead(
-            embed_dim, out_dim, norm_last_layer=neck.get('norm_last_layer', True),
-            **head_kwargs)).to(device)
-        self.teacher = utils.MultiCropWrapper(teacher, vits.DINOHead(
-            embed_dim, out_dim, **head_kwargs)).to(device)
-        self.teacher.load_state_dict(self.student.state_dict())
-        for param in self.teacher.parameters():
-            param.requires_grad = False
-
-        crops = crop_settings(cfg)
-        teacher_temp = head.get('teacher_temp', 0.04)
-        # A one-epoch schedule at the config's starting temperature, as at iteration 0.
-        self.dino_loss = main_dino.DINOLoss(
-            out_dim, 2 + crops['num_local_crops'], teacher_temp, teacher_temp, 0, 1,
-            student_temp=head.get('student_temp', 0.1),
-            center_momentum=head.get('center_momentum', 0.9)).to(device)
-        self.optimizer = torch.optim.AdamW(utils.get_params_groups(self.student))
-        optimizer_cfg = cfg.optim_wrapper.optimizer
-        self.lr, self.weight_decay = optimizer_cfg.lr, optimizer_cfg.get('weight_decay', 0.04)
-        clip = cfg.optim_wrapper.get('clip_grad') or {}
-        self.clip_grad = clip.get('max_norm', 0.)
-        self.momentum = 1 - model.get('base_momentum', 0.004)  # DINO's convention
-        self.utils = utils
-        self.device = device
-        self.amp = amp
-        self.scaler = torch.amp.GradScaler('cuda') if amp else None
-        self.epoch, self.freeze_last_layer = 0, 0  # the last layer is trained, as ours is
-
-    def __call__(self, images: List[torch.Tensor]) -> float:
-        """One step on normalised crops (global crops first); returns the loss."""
-        for i, group in enumerate(self.optimizer.param_groups):
-            group['lr'] = self.lr
-            if i == 0:  # DINO regularises the first group only
-                group['weight_decay'] = self.weight_decay
-        with torch.autocast(device_type='cuda' if self.device.startswith('cuda') else 'cpu',
-                            enabled=self.amp):
-            teacher_output = self.teacher(images[:2])
-            student_output = self.student(images)
-            loss = self.dino_loss(student_output, teacher_output, self.epoch)
-        if not math.isfinite(loss.item()):
-            raise FloatingPointError(f'The reference DINO step gave a loss of {loss.item()}.')
-        self.optimizer.zero_grad()
-        if self.scaler is None:
-            loss.backward()
-        else:
-            self.scaler.scale(loss).backward()
-            if self.clip_grad:
-                self.scaler.unscale_(self.optimizer)
-        if self.clip_grad:
-            self.utils.clip_gradients(self.student, self.clip_grad)
-        self.utils.cancel_gradients_last_layer(self.epoch, self.student, self.freeze_last_layer)
-        if self.scaler is None:
-            self.optimizer.step()
-        else:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        with torch.no_grad():  # DINO's EMA loop
-            m = self.momentum
-            for param_q, param_k in zip(self.student.parameters(), self.teacher.parameters()):
-                param_k.data.mul_(m).add_((1 - m) * param_q.detach().data)
-        return loss.item()  # DINO's metric logger reads it
-
-
 def reference_vit(vits, backbone: dict, drop_path_rate: float) -> torch.nn.Module:
-    """DINO's ViT for our backbone config: its named constructor for a named arch
-    (``deit-small`` -> ``vit_small``), else its ``VisionTransformer`` with the arch's
-    widths (as DINO's constructors build it: qkv bias, LayerNorm eps 1e-6).
-
-    Args:
-        vits (module): DINO's ``vision_transformer``.
-        backbone (dict): Our ``MaskViT`` config.
-        drop_path_rate (float): Stochastic depth (the teacher has none).
-    """
-    from functools import partial
+    """DINO's ViT for our ``MaskViT`` config: its named constructor for a named arch, else
+    its ``VisionTransformer`` with the arch's widths (qkv bias, LayerNorm eps 1e-6)."""
     arch = backbone.get('arch', 'base')
     patch_size = backbone.get('patch_size', 16)
     if isinstance(arch, str):
@@ -570,204 +309,122 @@ def reference_vit(vits, backbone: dict, drop_path_rate: float) -> torch.nn.Modul
         norm_layer=partial(torch.nn.LayerNorm, eps=1e-6), drop_path_rate=drop_path_rate)
 
 
-def normalised_crops(cfg: Config, batch: dict, device: str) -> List[torch.Tensor]:
-    """The crops as the config's data preprocessor hands them to the model.
+class ReferenceDINOStep:
+    """``main_dino.py``'s training step from DINO's own pieces, with our config's settings;
+    only the order of ``train_one_epoch``'s loop body is restated. No DDP (ours alike)."""
 
-    The reference step gets them already normalised, as DINO's data loader normalises in
-    its workers; our step normalises them itself (its data preprocessor is part of it).
-    """
-    from mmpretrain.registry import MODELS as REGISTRY
-    preprocessor = REGISTRY.build(cfg.model.data_preprocessor).to(device)
-    with torch.no_grad():
-        return preprocessor(batch, training=True)['inputs']
+    def __init__(self, dino_dir: str, cfg: Config, device: str, amp: bool = False) -> None:
+        import torch.distributed as dist
+        main_dino, utils, vits = (import_reference_dino(dino_dir)[name]
+                                  for name in REFERENCE_MODULES)
+        backbone, neck, head = cfg.model.backbone, cfg.model.neck, cfg.model.head
+        if backbone.get('type') != 'MaskViT':
+            raise ValueError(
+                "--reference-dino compares ViTs only (DINO has no Swin); this config's "
+                f'backbone is {backbone.get("type")}. Use a ViT config such as deit-s.')
+        if not dist.is_initialized():  # DINO's loss all-reduces its centre
+            store = osp.join(tempfile.mkdtemp(prefix='dino_reference_pg_'), 'store')
+            dist.init_process_group('nccl' if device.startswith('cuda') else 'gloo',
+                                    init_method=f'file://{store}', rank=0, world_size=1)
+        head_kwargs = dict(use_bn=neck.get('with_bn', True), nlayers=neck.get('num_layers', 3),
+                           hidden_dim=neck.get('hidden_channels', 2048),
+                           bottleneck_dim=neck.get('bottleneck_channels', 256))
+        out_dim = neck.get('out_channels', 65536)
+        torch.manual_seed(0)
+        student = reference_vit(vits, backbone, backbone.get('drop_path_rate', 0.))
+        teacher = reference_vit(vits, backbone, 0.)
+        self.student = utils.MultiCropWrapper(student, vits.DINOHead(
+            student.embed_dim, out_dim, norm_last_layer=neck.get('norm_last_layer', True),
+            **head_kwargs)).to(device)
+        self.teacher = utils.MultiCropWrapper(teacher, vits.DINOHead(
+            student.embed_dim, out_dim, **head_kwargs)).to(device)
+        self.teacher.load_state_dict(self.student.state_dict())
+        self.teacher.requires_grad_(False)
+        teacher_temp = head.get('teacher_temp', 0.04)
+        # A one-epoch schedule at the config's starting temperature, as at iteration 0.
+        self.dino_loss = main_dino.DINOLoss(
+            out_dim, 2 + crop_settings(cfg)['num_local_crops'], teacher_temp, teacher_temp, 0, 1,
+            student_temp=head.get('student_temp', 0.1),
+            center_momentum=head.get('center_momentum', 0.9)).to(device)
+        self.optimizer = torch.optim.AdamW(utils.get_params_groups(self.student))
+        optimizer_cfg = cfg.optim_wrapper.optimizer
+        self.lr, self.weight_decay = optimizer_cfg.lr, optimizer_cfg.get('weight_decay', 0.04)
+        self.clip_grad = (cfg.optim_wrapper.get('clip_grad') or {}).get('max_norm', 0.)
+        self.momentum = 1 - cfg.model.get('base_momentum', 0.004)  # DINO's convention
+        self.utils, self.device, self.amp = utils, device, amp
+        self.scaler = torch.amp.GradScaler('cuda') if amp else None
 
-
-def _median_range(spread: dict) -> str:
-    """'median (min-max)' of a :func:`_spread` result, in seconds."""
-    return f'{spread["median"]:.3f} ({spread["min"]:.3f}-{spread["max"]:.3f})'
-
-
-def _spread(times: List[float]) -> dict:
-    median = statistics.median(times)
-    return dict(median=median, min=min(times), max=max(times),
-                spread=(max(times) - min(times)) / median, all=times)
+    def __call__(self, images: List[torch.Tensor]) -> float:
+        """One step on normalised crops (global crops first); returns the loss."""
+        for i, group in enumerate(self.optimizer.param_groups):
+            group['lr'] = self.lr
+            if i == 0:  # DINO regularises the first group only
+                group['weight_decay'] = self.weight_decay
+        with torch.autocast(device_type='cuda' if self.device.startswith('cuda') else 'cpu',
+                            enabled=self.amp):
+            teacher_output = self.teacher(images[:2])
+            loss = self.dino_loss(self.student(images), teacher_output, 0)
+        if not math.isfinite(loss.item()):
+            raise FloatingPointError(f'The reference DINO step gave a loss of {loss.item()}.')
+        self.optimizer.zero_grad()
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+        if self.clip_grad:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            self.utils.clip_gradients(self.student, self.clip_grad)
+        # epoch 0, freeze_last_layer 0: the last layer is trained, as ours is
+        self.utils.cancel_gradients_last_layer(0, self.student, 0)
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        with torch.no_grad():  # DINO's EMA loop
+            m = self.momentum
+            for param_q, param_k in zip(self.student.parameters(), self.teacher.parameters()):
+                param_k.data.mul_(m).add_((1 - m) * param_q.detach().data)
+        return loss.item()  # DINO's metric logger reads it
 
 
 def compare_with_reference(config: str, dino_dir: str, batch_size: int, repeats: int,
-                           warmup: int, device: str, amp: bool,
-                           decoder_channels: Optional[List[int]] = None,
-                           num_local_crops: Optional[int] = None) -> dict:
+                           warmup: int, device: str, amp: bool) -> dict:
     """The three steps, interleaved on the same crops, with their ratios and spreads."""
-    variants = load_variants(config, decoder_channels, num_local_crops)
+    from mmpretrain.registry import MODELS as REGISTRY
+    variants = load_variants(config)
+    cfg = variants['mst']
     ours = {name: build_for_training(variants[variant], device, amp=amp)
             for name, variant in (('dino_mode', 'dino'), ('mst', 'mst'))}
-    reference = ReferenceDINOStep(dino_dir, variants['mst'], device, amp)
-    batch = synthetic_batch(variants['mst'], batch_size, device=device)
-    normalised = normalised_crops(variants['mst'], batch, device)
-
-    def our_step(name):
-        model, optim_wrapper = ours[name]
-        return lambda: model.train_step(batch, optim_wrapper)
-
-    usage: Dict[str, List[Dict[str, float]]] = {}
-    times = interleaved_times(dict(reference_dino=lambda: reference(normalised),
-                                   dino_mode=our_step('dino_mode'), mst=our_step('mst')),
-                              repeats, warmup, device, usage)
+    reference = ReferenceDINOStep(dino_dir, cfg, device, amp)
+    batch = synthetic_batch(cfg, batch_size, device=device)
+    # DINO's data loader normalises in its workers; our step normalises in its preprocessor.
+    with torch.no_grad():
+        normalised = REGISTRY.build(cfg.model.data_preprocessor).to(device)(
+            batch, training=True)['inputs']
+    steps = dict(reference_dino=partial(reference, normalised),
+                 **{name: partial(model.train_step, batch, optim_wrapper)
+                    for name, (model, optim_wrapper) in ours.items()})
+    times, usage = interleaved_times(steps, repeats, warmup, device)
     seconds = {name: statistics.median(t) for name, t in times.items()}
-    cpu = {name: statistics.median(u['user'] + u['system'] for u in reps)
-           for name, reps in usage.items()}
-    flops = dict(reference_dino=flops_of(lambda: reference(normalised)),
-                 **{name: flops_of(our_step(name)) for name in ours})
-    per_rep = {  # ratios inside each repetition: the noise of the ratios themselves
-        'dino_mode_speed': [r / d for r, d in zip(times['reference_dino'], times['dino_mode'])],
-        'mst_speed': [r / m for r, m in zip(times['reference_dino'], times['mst'])],
-        'mst_over_dino_mode': [m / d for m, d in zip(times['mst'], times['dino_mode'])]}
-    crops = crop_settings(variants['mst'])
+    flops = {name: flops_of(step) for name, step in steps.items()}
+    ratios = {key: ratio_over_repetitions(times[num], times[den])
+              for key, (num, den) in REFERENCE_RATIOS.items()}
+    crops = crop_settings(cfg)
     return dict(
         batch_size=batch_size, amp=amp, reference_dino=osp.abspath(dino_dir),
         crops=f'2 x {crops["global_size"]} + {crops["num_local_crops"]} x '
               f'{crops["local_size"]} px',
-        out_channels=variants['mst'].model.neck.get('out_channels'),
+        out_channels=cfg.model.neck.get('out_channels'),
         step_seconds=seconds,
         images_per_second={name: batch_size / s for name, s in seconds.items()},
         gflops_per_image={name: f / batch_size / 1e9 for name, f in flops.items()},
-        step_spread={name: _spread(t) for name, t in times.items()},
-        # speed against the reference: reference seconds / our seconds (> 1: we are faster)
-        dino_mode_speed_vs_reference=seconds['reference_dino'] / seconds['dino_mode'],
-        mst_speed_vs_reference=seconds['reference_dino'] / seconds['mst'],
-        mst_over_dino_mode=seconds['mst'] / seconds['dino_mode'],
-        ratio_range_over_repetitions={k: [min(v), max(v)] for k, v in per_rep.items()},
-        # The same from this process's CPU time (all threads): on a machine shared with
-        # other work it moves far less than the wall clock; spinning threads count in it.
-        cpu_seconds=cpu,
-        usage_per_step=usage_medians(usage),
-        cpu_dino_mode_speed_vs_reference=cpu['reference_dino'] / cpu['dino_mode'],
-        cpu_mst_speed_vs_reference=cpu['reference_dino'] / cpu['mst'],
-        cpu_mst_over_dino_mode=cpu['mst'] / cpu['dino_mode'])
+        step_spread={name: spread(t) for name, t in times.items()},
+        **{key: ratio for key, (ratio, _) in ratios.items()},
+        ratio_range_over_repetitions={key.replace('_vs_reference', ''): ratio_range
+                                      for key, (_, ratio_range) in ratios.items()},
+        usage_per_step=usage_medians(usage))
 
 
-# ---------------------------------------------------------------------------- pipeline
-
-def sample_images(folder: str, count: int, size: Optional[int]) -> List[str]:
-    """Real photos bundled with scikit-image, as JPEG files (resized to `size` if given)."""
-    from PIL import Image
-    from skimage import data
-    names = ('astronaut', 'chelsea', 'coffee', 'rocket', 'immunohistochemistry', 'cat')
-    paths = []
-    for i in range(count):
-        image = Image.fromarray(getattr(data, names[i % len(names)])())
-        if size:
-            image = image.resize((size, size), Image.BICUBIC)
-        paths.append(osp.join(folder, f'{i:03d}.jpg'))
-        image.save(paths[-1], quality=90)
-    return paths
-
-
-def measure_pipeline(cfg: Config, images: int, repeats: int) -> dict:
-    """(d): images per second of LoadImageFromFile + MultiCrop + PackInputs, one worker."""
-    from mmcv.transforms import Compose
-    from mmengine.registry import DefaultScope
-
-    crops = crop_settings(cfg)
-    # Full-size photos for 224-px crops; small images, like the demo's, for small crops.
-    size = None if crops['global_size'] >= 96 else crops['global_size']
-    with tempfile.TemporaryDirectory() as folder, \
-            DefaultScope.overwrite_default_scope('mmpretrain'):
-        paths = sample_images(folder, images, size)
-
-        def pipeline(fast: bool):
-            compose = Compose([dict(type='LoadImageFromFile'),
-                               dict(crops, type='MultiCrop', fast_transforms=fast),
-                               dict(type='PackInputs')])
-
-            def run():
-                for path in paths:
-                    compose(dict(img_path=path))
-            return run
-
-        seconds = interleaved_medians(
-            dict(mmpretrain_default=pipeline(False), mst_mm=pipeline(True)), repeats, 1, 'cpu')
-    per_second = {name: images / s for name, s in seconds.items()}
-    return dict(images_per_second=per_second,
-                speedup=per_second['mst_mm'] / per_second['mmpretrain_default'],
-                views_per_image=2 + crops['num_local_crops'],
-                source_image_size=size or 'bundled photos (300-640 px)')
-
-
-# ------------------------------------------------------------------------------ memory
-
-def peak_step_memory(config: str, variant: str, batch_size: int, device: str,
-                     decoder_channels: Optional[List[int]] = None, **extra) -> float:
-    """(e) in MiB, measured in a fresh process so that earlier runs leave no peak behind.
-
-    Args:
-        variant (str): ``'dino'``, ``'mst'`` or ``'reference_dino'`` (then ``extra`` holds
-            ``reference_dino``, the clone's folder).
-        extra: ``threads``, ``amp`` and ``reference_dino``, passed to the probe.
-    """
-    probe = json.dumps(dict(config=config_path(config), variant=variant,
-                            batch_size=batch_size, device=device,
-                            decoder_channels=decoder_channels, **extra))
-    out = subprocess.run([sys.executable, osp.abspath(__file__), '--memory-probe', probe],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f'The memory probe of {variant} failed:\n{out.stderr[-3000:]}')
-    return json.loads(out.stdout.strip().splitlines()[-1])['peak_mib']
-
-
-def _resident_bytes() -> int:
-    with open('/proc/self/statm') as f:
-        return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
-
-
-def _memory_probe(spec: dict) -> None:
-    import mst_mm  # noqa: F401
-    if spec.get('threads'):
-        torch.set_num_threads(spec['threads'])
-    device, amp = spec['device'], spec.get('amp', False)
-    variant = spec['variant']
-    cfg = load_variants(spec['config'], spec['decoder_channels'])[
-        'mst' if variant == 'reference_dino' else variant]
-    batch = synthetic_batch(cfg, spec['batch_size'], device=device)
-    if variant == 'reference_dino':
-        reference = ReferenceDINOStep(spec['reference_dino'], cfg, device, amp)
-        images = normalised_crops(cfg, batch, device)
-
-        def step():
-            reference(images)
-    else:
-        model, optim_wrapper = build_for_training(cfg, device, amp=amp)
-
-        def step():
-            model.train_step(batch, optim_wrapper)
-
-    if device.startswith('cuda'):
-        step()  # optimiser state exists from here on, as on the CPU
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        step()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        step()  # optimiser state exists from here on
-        base = _resident_bytes()
-        peak = [base]
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.is_set():
-                peak[0] = max(peak[0], _resident_bytes())
-                time.sleep(0.002)
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
-        step()
-        done.set()
-        sampler.join()
-        peak = peak[0] - base
-    print(json.dumps(dict(peak_mib=peak / 2**20)))
-
+# ------------------------------------------------------------------- machine and output
 
 def load_per_core() -> Optional[float]:
     """The 1-minute load average per core, or None where the system does not tell."""
@@ -777,192 +434,114 @@ def load_per_core() -> Optional[float]:
         return None
 
 
-def quiet_verdict(load: Optional[float], results: dict) -> dict:
-    """Whether a run's figures may be published: the rule of the module docstring.
-
-    Args:
-        load (float | None): :func:`load_per_core` before the first timing.
-        results (dict): The run's results, with each model's step times.
-
-    Returns:
-        dict: ``quiet`` (bool) and ``reasons`` (why not, one line each).
-    """
-    reasons = []
-    if load is None:
-        reasons.append('the load average is unknown on this system')
-    elif load > QUIET_LOAD:
-        reasons.append(f'the 1-minute load average was {load:.2f} per core before timing '
-                       f'(at most {QUIET_LOAD} when nothing else runs)')
-    for name, result in results['models'].items():
-        points = [('', result)] + [
-            (f' (batch {p["batch_size"]}, {p["num_local_crops"]} local crops)', p)
-            for p in result.get('scaling', [])]
-        for where, point in points:
-            times = {step: spread['all']
-                     for step, spread in (point.get('step_spread') or {}).items()}
-            for first, second in itertools.combinations(times, 2):
-                ratios = [b / a for a, b in zip(times[first], times[second])]
-                spread = (max(ratios) - min(ratios)) / statistics.median(ratios)
-                if spread > QUIET_RATIO_SPREAD:
-                    reasons.append(f'{name} {second} / {first}{where}: the ratio spread over '
-                                   f'{spread:.0%} of its median over the repetitions (at most '
-                                   f'{QUIET_RATIO_SPREAD:.0%})')
-    return dict(quiet=not reasons, reasons=reasons, load_per_core_before=load)
-
-
 def machine() -> dict:
-    info = dict(platform=platform.platform(), cpu=cpu_model(),
-                python=platform.python_version(), torch=torch.__version__,
-                cpus=os.cpu_count(), torch_threads=torch.get_num_threads())
+    """Where the figures come from: another CPU gives other ratios."""
+    cpu = platform.processor()
+    if osp.isfile('/proc/cpuinfo'):  # the CPU's name as the kernel gives it
+        with open('/proc/cpuinfo') as f:
+            cpu = next((line.split(':', 1)[1].strip() for line in f
+                        if line.startswith('model name')), cpu)
+    info = dict(platform=platform.platform(), cpu=cpu, python=platform.python_version(),
+                torch=torch.__version__, cpus=os.cpu_count(),
+                torch_threads=torch.get_num_threads())
     if torch.cuda.is_available():
         info['gpu'] = torch.cuda.get_device_name()
     return info
 
 
-def cpu_model() -> str:
-    """The CPU's name as the kernel gives it (another CPU gives other ratios)."""
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or 'unknown'
-
-
 def git_commit() -> Optional[str]:
     """The repository's commit, with ``+dirty`` when tracked files differ from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(['git', '-C', REPO, *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
     try:
-        commit = subprocess.run(['git', '-C', REPO, 'rev-parse', '--short', 'HEAD'],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(['git', '-C', REPO, 'status', '--porcelain',
-                                '--untracked-files=no'],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        dirty = git('status', '--porcelain', '--untracked-files=no')
+        return git('rev-parse', '--short', 'HEAD') + ('+dirty' if dirty else '')
     except (OSError, subprocess.CalledProcessError):
         return None
-    return commit + ('+dirty' if dirty else '')
+
+
+def load_cell(results: dict) -> str:
+    """The load per core before timing; runs up to commit 7082b6f kept it in a verdict."""
+    load = results.get('load_per_core_before',
+                       results.get('verdict', {}).get('load_per_core_before'))
+    return 'n/a' if load is None else f'{load:.2f}'
+
+
+def median_range(spread: dict) -> str:
+    """'median (min-max)' of a :func:`spread` result, in seconds."""
+    return f'{spread["median"]:.3f} ({spread["min"]:.3f}-{spread["max"]:.3f})'
 
 
 COST_HEADER = ('| model | batch | step DINO (s) | step MST (s) | MST / DINO (<= 1.10) '
                '| mask only / DINO | attn fwd ratio (<= 1.02) | decoder share '
-               '| pipeline img/s default -> fast | peak MiB DINO / MST |')
+               '| load per core before |')
 
 
-def cost_row(name: str, r: dict) -> str:
+def cost_row(results: dict, name: str) -> str:
     """One model's row of the cost table (markdown), as docs/benchmarks.md quotes it."""
-    if 'skipped' in r:
-        return f'| {name} | skipped: {r["skipped"]} |' + ' |' * 8
-    pipe = r['pipeline']['images_per_second']
-    memory = r.get('peak_memory_mib', {})
-    mem = ' / '.join(f'{memory[v]:.0f}' for v in ('dino', 'mst')) if memory else 'n/a'
+    r = results['models'][name]
     share = f'{r["decoder_share"]:.1%}' if 'decoder_share' in r else 'n/a'
-    ratios = []
-    for key, range_key in (('step_ratio', 'step_ratio_range_over_repetitions'),
-                           ('mask_only_ratio', 'mask_only_ratio_range_over_repetitions')):
-        low, high = r[range_key]
-        ratios.append(f'{r[key]:.3f} ({low:.3f}-{high:.3f})')
-    return (f'| {name} | {r["batch_size"]} '
-            f'| {_median_range(r["step_spread"]["dino"])} '
-            f'| {_median_range(r["step_spread"]["mst"])} '
-            f'| {ratios[0]} | {ratios[1]} '
-            f'| {r["attention_ratio"]:.3f} | {share} '
-            f'| {pipe["mmpretrain_default"]:.1f} -> {pipe["mst_mm"]:.1f} '
-            f'(x{r["pipeline"]["speedup"]:.2f}) | {mem} |')
-
-
-def print_table(results: dict) -> None:
-    print('\nsteps: median (min-max) over the repetitions; ratios: median (range over the '
-          'repetitions)')
-    print('\n' + COST_HEADER)
-    print('|' + ' --- |' * 10)
-    for name, r in results['models'].items():
-        print(cost_row(name, r))
-    for name, r in results['models'].items():
-        if 'usage_per_step' in r:
-            print(f'{name} {usage_line(r["usage_per_step"])}')
-
-
-def scaling_rows(result: dict) -> List[str]:
-    """The ``--scaling`` table of one model's result, header included (markdown lines)."""
-    rows = ['| batch | local crops | reference | ours, DINO mode | ours, MST '
-            '| DINO mode speed | MST speed | MST / DINO mode |', '|' + ' --- |' * 8]
-    for p in result['scaling']:
-        cells = ' | '.join(_median_range(p['step_spread'][s]) for s in STEP_NAMES)
-        rows.append(f'| {p["batch_size"]} | {p["num_local_crops"]} | {cells} '
-                    f'| {p["dino_mode_speed_vs_reference"]:.3f} '
-                    f'| {p["mst_speed_vs_reference"]:.3f} | {p["mst_over_dino_mode"]:.3f} |')
-    return rows
+    ratios = [f'{r[key]:.3f} ({r[key + "_range_over_repetitions"][0]:.3f}-'
+              f'{r[key + "_range_over_repetitions"][1]:.3f})'
+              for key in ('step_ratio', 'mask_only_ratio')]
+    return (f'| {name} | {r["batch_size"]} | {median_range(r["step_spread"]["dino"])} '
+            f'| {median_range(r["step_spread"]["mst"])} | {ratios[0]} | {ratios[1]} '
+            f'| {r["attention_ratio"]:.3f} | {share} | {load_cell(results)} |')
 
 
 def reference_summary_row(results: dict, name: str) -> str:
-    """One ``--reference-dino`` run as a row of docs/benchmarks.md's results table.
-
-    Columns: torch threads | DINO mode speed | MST speed | MST / DINO mode (each the median
-    with its range over the repetitions) | peak MiB reference / DINO mode / MST | verdict.
-    """
+    """One ``--reference-dino`` run as a row of docs/benchmarks.md's results table: torch
+    threads | DINO mode speed | MST speed | MST / DINO mode | load per core before."""
     r = results['models'][name]
-    ranges = r['ratio_range_over_repetitions']
     cells = [str(results['machine']['torch_threads'])]
-    for key, range_key in (('dino_mode_speed_vs_reference', 'dino_mode_speed'),
-                           ('mst_speed_vs_reference', 'mst_speed'),
-                           ('mst_over_dino_mode', 'mst_over_dino_mode')):
-        low, high = ranges[range_key]
+    for key in REFERENCE_RATIOS:
+        low, high = r['ratio_range_over_repetitions'][key.replace('_vs_reference', '')]
         cells.append(f'{r[key]:.3f} ({low:.3f}-{high:.3f})')
-    memory = r.get('peak_memory_mib')
-    cells.append(' / '.join(f'{memory[s]:.0f}' for s in STEP_NAMES) if memory else 'n/a')
-    cells.append('quiet' if results['verdict']['quiet'] else 'NOISY')
-    return '| ' + ' | '.join(cells) + ' |'
+    return '| ' + ' | '.join(cells + [load_cell(results)]) + ' |'
+
+
+def usage_line(used: Dict[str, Dict[str, float]]) -> str:
+    return 'per step, median: ' + ', '.join(
+        f'{step} user {u["user"]:.3f} s, system {u["system"]:.3f} s, '
+        f'{u["minor_faults"]:.0f} page faults' for step, u in used.items())
+
+
+def print_cost_table(results: dict) -> None:
+    print('\nsteps: median (min-max) seconds; ratios: of the medians (range of the ratios '
+          'inside each repetition)\n\n' + COST_HEADER + '\n|' + ' --- |' * 9)
+    for name in results['models']:
+        print(cost_row(results, name))
+    for name, r in results['models'].items():
+        print(f'{name} {usage_line(r["usage_per_step"])}')
 
 
 def print_reference_table(results: dict) -> None:
+    peak = results.get('peak_tflops')
     for name, r in results['models'].items():
-        memory = r.get('peak_memory_mib', {})
         print(f'\n[{name}] batch {r["batch_size"]}, {r["crops"]}, K = {r["out_channels"]}, '
-              f'AMP {"on" if r["amp"] else "off"}, median of {results["repeats"]}')
-        peak = results.get('peak_tflops')
-        print('| step | seconds (min-max) | speed against the reference | images/s '
-              '| GFLOP per image | MFU | peak MiB |')
-        print('|' + ' --- |' * 7)
+              f'AMP {"on" if r["amp"] else "off"}, median of {results["repeats"]}\n'
+              '| step | seconds (min-max) | speed against the reference | images/s '
+              '| GFLOP per image | MFU |\n|' + ' --- |' * 6)
         speeds = dict(reference_dino=1.0, dino_mode=r['dino_mode_speed_vs_reference'],
                       mst=r['mst_speed_vs_reference'])
-        for step in STEP_NAMES:
-            spread = r['step_spread'][step]
-            mem = f'{memory[step]:.0f}' if step in memory else 'n/a'
+        for step in r['step_seconds']:
             images, gflop = r['images_per_second'][step], r['gflops_per_image'][step]
             mfu = f'{images * gflop / (peak * 1e3):.1%}' if peak else 'n/a'
-            print(f'| {step} | {_median_range(spread)} | {speeds[step]:.3f} | {images:.1f} '
-                  f'| {gflop:.1f} | {mfu} | {mem} |')
+            print(f'| {step} | {median_range(r["step_spread"][step])} | {speeds[step]:.3f} '
+                  f'| {images:.1f} | {gflop:.1f} | {mfu} |')
         if peak:
             print(f'MFU against a peak of {peak:g} TFLOP/s (--peak-tflops)')
-        ranges = r['ratio_range_over_repetitions']
-        for label, key, range_key in (
-                ('our DINO mode, speed against the reference', 'dino_mode_speed_vs_reference',
-                 'dino_mode_speed'),
-                ('MST, speed against the reference', 'mst_speed_vs_reference', 'mst_speed'),
-                ('MST / DINO mode', 'mst_over_dino_mode', 'mst_over_dino_mode')):
-            low, high = ranges[range_key]
-            print(f'{label}: {r[key]:.3f} (per repetition {low:.3f}-{high:.3f})')
-        if 'scaling' in r:
-            print('\nscaling: median seconds (min-max); speed against the reference')
-            print('\n'.join(scaling_rows(r)))
-        cpu = r['cpu_seconds']
-        print('process CPU seconds (all threads), median: '
-              + ', '.join(f'{step} {cpu[step]:.3f}' for step in STEP_NAMES)
-              + f'; speed against the reference {r["cpu_dino_mode_speed_vs_reference"]:.3f} '
-              f'(DINO mode), {r["cpu_mst_speed_vs_reference"]:.3f} (MST); MST / DINO mode '
-              f'{r["cpu_mst_over_dino_mode"]:.3f}')
-        if 'usage_per_step' in r:
-            print(usage_line(r['usage_per_step']))
+        print(usage_line(r['usage_per_step']))
+        print(f'docs/benchmarks.md row (threads | DINO mode speed | MST speed | MST / DINO '
+              f'mode | load per core before):\n{name}: {reference_summary_row(results, name)}')
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
+def main(argv: Optional[List[str]] = None) -> dict:
+    """Time what the options ask for, print it and write it to ``--out``; returns it."""
+    args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.memory_probe:
-        _memory_probe(json.loads(args.memory_probe))
-        return {}
     from mmengine.logging import MMLogger
 
     import mst_mm  # noqa: F401
@@ -975,77 +554,32 @@ def main(argv=None) -> dict:
         logger.setLevel(previous_level)
 
 
-def _run(args: argparse.Namespace, argv) -> dict:
+def _run(args: argparse.Namespace, argv: Optional[List[str]]) -> dict:
     models = args.models or (['deit-s'] if args.reference_dino else list(MODELS))
-    batch_sizes = batch_sizes_for(models, args.batch_size)
+    configs = {name: resolve_model(name) for name in models}  # refuse a bad name first
     amp = args.device.startswith('cuda') if args.amp is None else args.amp
     if amp and not args.device.startswith('cuda'):
-        raise ValueError('--amp needs --device cuda: DINO\'s mixed precision is CUDA-only.')
+        raise ValueError("--amp needs --device cuda: DINO's mixed precision is CUDA-only.")
 
-    load = load_per_core()
+    load = load_per_core()  # before the first timing: what else the machine was doing
+    print('1-minute load average per core before timing: '
+          + ('unknown' if load is None else f'{load:.2f}'), flush=True)
     results = dict(command='python tools/analysis/benchmark.py ' + ' '.join(
         argv if argv is not None else sys.argv[1:]), commit=git_commit(), machine=machine(),
-        device=args.device, repeats=args.repeats, peak_tflops=args.peak_tflops, models={})
-    for name in models:
-        config, _ = resolve_model(name)
-        if not osp.isfile(config_path(config)):
-            results['models'][name] = dict(skipped=f'{config} does not exist yet')
-            continue
-        probe_extra = dict(threads=args.threads, amp=amp)
+        device=args.device, repeats=args.repeats, peak_tflops=args.peak_tflops,
+        load_per_core_before=load, models={})
+    for name, (config, default_batch_size) in configs.items():
+        batch_size = args.batch_size or default_batch_size
+        print(f'[{name}] timing ...', flush=True)
         if args.reference_dino:
-            print(f'[{name}] timing the reference DINO step, our DINO mode and MST ...',
-                  flush=True)
-            result = compare_with_reference(config, args.reference_dino, batch_sizes[name],
-                                            args.repeats, args.warmup, args.device, amp,
-                                            args.decoder_channels)
-            variants = dict(reference_dino='reference_dino', dino_mode='dino', mst='mst')
-            probe_extra['reference_dino'] = osp.abspath(args.reference_dino)
+            results['models'][name] = compare_with_reference(
+                config, args.reference_dino, batch_size, args.repeats, args.warmup,
+                args.device, amp)
         else:
-            print(f'[{name}] timing training steps ...', flush=True)
-            variant_cfgs = load_variants(config, args.decoder_channels)
-            result = measure_steps(variant_cfgs, batch_sizes[name], args.repeats, args.warmup,
-                                   args.device)
-            print(f'[{name}] timing the data pipeline ...', flush=True)
-            result['pipeline'] = measure_pipeline(variant_cfgs['mst'], args.pipeline_images,
-                                                  args.repeats)
-            variants = dict(dino='dino', mst='mst')
-        if not args.skip_memory:
-            print(f'[{name}] peak memory ...', flush=True)
-            result['peak_memory_mib'] = {
-                key: peak_step_memory(config, variant, batch_sizes[name], args.device,
-                                      args.decoder_channels, **probe_extra)
-                for key, variant in variants.items()}
-        if args.scaling and args.reference_dino:
-            print(f'[{name}] scaling with batch and local crops ...', flush=True)
-            result['scaling'] = []
-            for batch, crops in SCALING_POINTS:
-                point = compare_with_reference(config, args.reference_dino, batch, args.repeats,
-                                               args.warmup, args.device, amp,
-                                               args.decoder_channels, crops)
-                result['scaling'].append(dict(
-                    batch_size=batch, num_local_crops=crops,
-                    **{key: point[key] for key in ('step_spread', 'dino_mode_speed_vs_reference',
-                                                   'mst_speed_vs_reference',
-                                                   'mst_over_dino_mode')}))
-        results['models'][name] = result
+            results['models'][name] = measure_steps(load_variants(config), batch_size,
+                                                    args.repeats, args.warmup, args.device)
 
-    if args.reference_dino:
-        print_reference_table(results)
-    else:
-        print_table(results)
-    results['verdict'] = quiet_verdict(load, results)
-    if args.reference_dino:
-        print('\ndocs/benchmarks.md rows (threads | DINO mode speed | MST speed | MST / DINO '
-              'mode | peak MiB | verdict):')
-        for name in results['models']:
-            if 'skipped' not in results['models'][name]:
-                print(f'{name}: {reference_summary_row(results, name)}')
-    if results['verdict']['quiet']:
-        print(f'\nQUIET: a figure that may be published, with this command and commit '
-              f'{results["commit"]}.')
-    else:
-        print('\nNOISY, do not publish these figures: '
-              + '; '.join(results['verdict']['reasons']) + '.')
+    (print_reference_table if args.reference_dino else print_cost_table)(results)
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:
         json.dump(results, f, indent=2)

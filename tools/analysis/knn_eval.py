@@ -31,15 +31,12 @@ from mmengine.config import Config
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-# Importing mst_mm registers its modules and the weights-only allow-list.
+# Importing mst_mm (through mst_mm.engine) registers its modules.
 from mmengine.dist import is_main_process  # noqa: E402
 
-from mst_mm.engine import (  # noqa: E402
-    CheckedRunner,
-    CheckpointNotFoundError,
-    init_cpu_distributed,
-)
+from mst_mm.engine import CheckedRunner, init_cpu_distributed  # noqa: E402
 from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool  # noqa: E402
+from mst_mm.errors import CheckpointError  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -76,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if not osp.isfile(args.checkpoint):
-        raise CheckpointNotFoundError(f'Checkpoint {args.checkpoint} does not exist.')
+        raise CheckpointError(f'Checkpoint {args.checkpoint} does not exist.')
     cfg = Config.fromfile(args.config)
     cfg.load_from = args.checkpoint
     cfg.launcher = args.launcher

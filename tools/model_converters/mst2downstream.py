@@ -22,11 +22,11 @@ For mmdet and mmseg the keys are checked one by one against the backbone that th
 downstream config builds (``--config``, by default ours under ``configs/benchmarks/``),
 because mmdet and mmseg load pretrained backbones with ``strict=False`` and say nothing
 about keys that did not match. Anything that is not an exact match is refused, with the
-keys named. The checkpoint is read weights-only (``mst_mm.engine.load_local_checkpoint``),
-so a pickle that would run code is refused before anything in it is used, and a truncated
-or unreadable file is named with what is wrong with it. Every refusal ends the command with
-one message and exit status 2. The mmdet / mmseg conversion itself is the package's
-(``mst_mm.engine.backbone_export``), which ``mst_mm.evaluation.transfer.finetune`` uses too.
+keys named. The checkpoint is read weights-only (``mst_mm.engine.read_checkpoint``), so a
+pickle that would run code is refused before anything in it is used, and a truncated or
+unreadable file is named with what is wrong with it. Every refusal ends the command with
+one message and exit status 2. The conversion itself is the package's
+(``mst_mm.models.export``), which ``mst_mm.evidence.transfer.finetune`` uses too.
 """
 import argparse
 import os
@@ -39,22 +39,18 @@ import torch
 # Running as `python tools/...` from a source checkout must work without an install.
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-from mst_mm.engine.backbone_export import (  # noqa: E402,F401  (some re-exported)
+from mst_mm.engine.cli import run_tool  # noqa: E402
+from mst_mm.errors import UserInputError  # noqa: E402
+from mst_mm.models.export import (  # noqa: E402
     DOWNSTREAM_TARGETS,
     PRETRAIN_ONLY_KEYS,
     SOURCE_PREFIXES,
-    ConversionError,
     backbone_kind,
-    build_target_backbone,
     convert_for_downstream,
     extract_backbone,
     load_training_checkpoint,
-    match_target,
-    rename_for_target,
-    resize_pos_embed,
     vit_to_timm,
 )
-from mst_mm.engine.cli import run_tool  # noqa: E402
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 # The default downstream config of each target (--config overrides it).
@@ -111,7 +107,7 @@ def export_backbone_only(backbone: Dict[str, torch.Tensor], kind: str, loaded: d
     state dict (DINO's format)."""
     if target == 'timm':
         if kind != 'vit':
-            raise ConversionError(
+            raise UserInputError(
                 f'--target timm exports ViT backbones, but {checkpoint} holds an MST Swin '
                 'backbone: use --target mmpretrain (or mmdet for Mask R-CNN).')
         exported = vit_to_timm(backbone)

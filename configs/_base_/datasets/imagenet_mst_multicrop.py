@@ -19,10 +19,7 @@ train_pipeline = [
 train_dataloader = dict(
     batch_size=128,
     num_workers=10,
-    # Workers seeded from torch's generator, restarted every epoch: each epoch augments
-    # differently and a resumed run repeats the original's augmentations (RandomStateHook).
-    persistent_workers=False,
-    worker_init_fn=dict(type='worker_init_from_torch_seed'),
+    persistent_workers=True,
     pin_memory=True,
     drop_last=True,
     sampler=dict(type='DefaultSampler', shuffle=True),

@@ -11,6 +11,4 @@ param_scheduler = [
     dict(type='CosineAnnealingParamScheduler', param_name='weight_decay', eta_min_ratio=10.0,
          by_epoch=True, begin=0, end=max_epochs, convert_to_iter_based=True),
 ]
-# mmengine's EpochBasedTrainLoop that can also resume from a rolling checkpoint saved
-# inside an epoch (SafeCheckpointHook with latest_by_epoch=False).
-train_cfg = dict(type='MidEpochResumeTrainLoop', max_epochs=max_epochs)
+train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs)

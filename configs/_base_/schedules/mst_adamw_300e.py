@@ -37,9 +37,7 @@ param_scheduler = [
          by_epoch=True, begin=0, end=max_epochs, convert_to_iter_based=True),
 ]
 
-# mmengine's EpochBasedTrainLoop that can also resume from a rolling checkpoint saved
-# inside an epoch (SafeCheckpointHook with latest_by_epoch=False).
-train_cfg = dict(type='MidEpochResumeTrainLoop', max_epochs=max_epochs)
+train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs)
 custom_hooks = [
     dict(type='TeacherTempWarmupHook', start=0.04, end=0.07, warmup_epochs=30),
     dict(type='FreezeLastLayerHook', freeze_epochs=1),

@@ -1,7 +1,4 @@
-"""DINO's per-epoch schedules that no mmengine parameter scheduler covers.
-
-Both set an attribute from the runner's epoch alone, so DDP and resume change nothing.
-"""
+"""DINO's per-epoch schedules that no mmengine parameter scheduler covers; resume-safe."""
 import numpy as np
 from mmengine.hooks import Hook
 from mmpretrain.registry import HOOKS
@@ -10,46 +7,27 @@ from mmpretrain.utils import get_ori_model
 
 @HOOKS.register_module()
 class TeacherTempWarmupHook(Hook):
-    r"""Warm the teacher temperature :math:`\tau_t` up linearly, then hold it (DINO).
-
+    r"""DINO's teacher temperature, set on ``model.head.teacher_temp`` every iteration:
     :math:`\tau_t(e)` = ``np.linspace(start, end, warmup_epochs)[e]`` for
-    :math:`e < ` ``warmup_epochs``, else ``end``; written to ``model.head.teacher_temp``.
-
-    Args:
-        start (float): Temperature at epoch 0.
-        end (float): Temperature from ``warmup_epochs`` on.
-        warmup_epochs (int): Length of the linear warm-up.
-    """
-    priority = 'NORMAL'
+    :math:`e <` ``warmup_epochs``, then ``end``."""
 
     def __init__(self, start: float = 0.04, end: float = 0.07, warmup_epochs: int = 30) -> None:
         if warmup_epochs < 0:
             raise ValueError(f'warmup_epochs must be >= 0, got {warmup_epochs}.')
         self.start, self.end, self.warmup_epochs = start, end, warmup_epochs
 
-    def temperature(self, epoch: int) -> float:
-        if epoch < self.warmup_epochs:
-            return float(np.linspace(self.start, self.end, self.warmup_epochs)[epoch])
-        return float(self.end)
-
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
-        temp = self.temperature(runner.epoch)
+        epoch = runner.epoch
+        temp = float(np.linspace(self.start, self.end, self.warmup_epochs)[epoch]
+                     if epoch < self.warmup_epochs else self.end)
         get_ori_model(runner.model).head.teacher_temp = temp
         runner.message_hub.update_scalar('train/teacher_temp', temp)
 
 
 @HOOKS.register_module()
 class FreezeLastLayerHook(Hook):
-    """Keep the projection's last layer fixed for the first epochs (DINO's
-    ``cancel_gradients_last_layer``), through ``DINOOptimWrapper.freeze``.
-
-    The gradient still flows in backward, so DDP needs no ``find_unused_parameters``; the
-    wrapper drops it before the update, so the layer gets no step and no weight decay.
-
-    Args:
-        freeze_epochs (int): Epochs during which the last layer stays fixed.
-    """
-    priority = 'NORMAL'
+    """Keep the neck's last layer fixed for the first ``freeze_epochs`` epochs (DINO's
+    ``cancel_gradients_last_layer``) through ``DINOOptimWrapper.freeze``."""
 
     def __init__(self, freeze_epochs: int = 1) -> None:
         if freeze_epochs < 0:
@@ -58,10 +36,9 @@ class FreezeLastLayerHook(Hook):
 
     def before_train(self, runner) -> None:
         if not hasattr(runner.optim_wrapper, 'freeze'):
-            raise TypeError(
-                'FreezeLastLayerHook cancels gradients in the optimiser wrapper, but '
-                f'optim_wrapper is a {type(runner.optim_wrapper).__name__}: set '
-                "optim_wrapper.type='DINOOptimWrapper' (or remove the hook).")
+            raise TypeError(f'FreezeLastLayerHook needs a DINOOptimWrapper, optim_wrapper is a '
+                            f'{type(runner.optim_wrapper).__name__}: set '
+                            "optim_wrapper.type='DINOOptimWrapper' (or remove the hook).")
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
         frozen = runner.epoch < self.freeze_epochs

@@ -5,30 +5,19 @@ import torch
 from mmengine.dataset import pseudo_collate
 from mmengine.dist import is_main_process
 from mmengine.hooks import Hook
-from mmpretrain.registry import DATASETS, HOOKS
+from mmpretrain.registry import DATASETS, HOOKS, METRICS
 from mmpretrain.utils import get_ori_model
 
-from ...evaluation.knn import knn_top1
+from ...models.algorithms.feature_embedder import embed_images
 
 
 @HOOKS.register_module()
 class KNNProbeHook(Hook):
-    """Log the weighted k-NN top-1 (%) of the teacher's image embedding every few epochs.
-
-    A loss below ln K does not show that the features learn, and DINO and mmpretrain run
-    k-NN only after training. Logs ``knn_probe_top1_k{k}`` at the iteration as step; runs on
-    the main process only (the other ranks wait at the next gradient all-reduce).
-
-    Args:
-        reference_dataloader (dict): Labelled split (``dataset``, ``batch_size``) whose
-            pipeline gives single images (``LoadImageFromFile``, ``PackInputs``).
-        query_dataloader (dict): The same for the held-out split.
-        interval (int): Probe every this many epochs, and after the last.
-        ks (Sequence[int]): Neighbour counts.
-        temperature (float): Vote temperature.
-        weights (str): ``'teacher'`` (the EMA teacher, DINO's practice) or ``'student'``.
-        before_training (bool): Also probe the initial weights, the curve's starting point.
-    """
+    """Log ``knn_probe_top1_k{k}``, the weighted k-NN top-1 (%) of the teacher's (or student's)
+    embedding, every ``interval`` epochs and after the last: a loss below ln K does not show that
+    the features learn, and DINO and mmpretrain run k-NN only after training. The dataloaders
+    are labelled splits (``dataset``, ``batch_size``) of single images. Main process only (the
+    other ranks wait at the next gradient all-reduce)."""
     priority = 'LOW'
 
     def __init__(self, reference_dataloader: dict, query_dataloader: dict, interval: int = 1,
@@ -56,34 +45,28 @@ class KNNProbeHook(Hook):
             return
         model = get_ori_model(runner.model)
         backbone = model.teacher.module[0] if self.weights == 'teacher' else model.backbone
-        reference, reference_labels = self._embed(model, backbone, 'reference')
+        # From the registry: the metric's package sits above engine/, which never imports it.
+        metric = METRICS.build(dict(type='WeightedKNNAccuracy', ks=self.ks,
+                                    temperature=self.temperature))
+        metric.set_reference(*self._embed(model, backbone, 'reference'))
         query, query_labels = self._embed(model, backbone, 'query')
-        top1 = knn_top1(reference, reference_labels, query, query_labels, ks=self.ks,
-                        temperature=self.temperature)
-        scalars = {f'knn_probe_top1_k{k}': acc for k, acc in top1.items()}
-        runner.visualizer.add_scalars(scalars, step=runner.iter)
+        top1 = metric.compute_metrics(list(zip(query, query_labels.tolist())))  # top1_k{k}
+        runner.visualizer.add_scalars({f'knn_probe_{name}': acc for name, acc in top1.items()},
+                                      step=runner.iter)
         runner.logger.info(f'k-NN probe ({self.weights}, after {epochs_done} epochs): ' + ', '.join(
-            f'top-1 {acc:.2f} % (k = {k})' for k, acc in top1.items()))
+            f'top-1 {top1[f"top1_k{k}"]:.2f} % (k = {k})' for k in self.ks))
 
-    @torch.no_grad()
     def _embed(self, model, backbone, split: str) -> Tuple[torch.Tensor, torch.Tensor]:
         """Image embeddings and labels of one split, normalised as in training."""
         if self._datasets is None:
             self._datasets = {name: DATASETS.build(cfg['dataset'])
                               for name, cfg in self.loaders.items()}
-        loader = torch.utils.data.DataLoader(
+        batches = list(torch.utils.data.DataLoader(
             self._datasets[split], batch_size=self.loaders[split].get('batch_size', 256),
-            shuffle=False, num_workers=0, collate_fn=pseudo_collate)
+            shuffle=False, num_workers=0, collate_fn=pseudo_collate))
         preprocessor = model.data_preprocessor
-        mean, std = preprocessor.mean.reshape(1, -1, 1, 1), preprocessor.std.reshape(1, -1, 1, 1)
-        was_training = backbone.training
-        backbone.eval()
-        feats, labels = [], []
-        for batch in loader:
-            images = torch.stack(batch['inputs']).to(mean.device).float()
-            if getattr(preprocessor, '_channel_conversion', False):
-                images = images[:, [2, 1, 0]]  # BGR as loaded -> RGB as trained
-            feats.append(backbone.forward_mst((images - mean) / std).global_feat.cpu())
-            labels += [int(sample.gt_label) for sample in batch['data_samples']]
-        backbone.train(was_training)
-        return torch.cat(feats), torch.tensor(labels)
+        feats, _ = embed_images(  # BGR as loaded -> RGB as trained, where training flips
+            backbone, (torch.stack(batch['inputs']) for batch in batches), preprocessor.mean,
+            preprocessor.std, bgr_to_rgb=getattr(preprocessor, '_channel_conversion', False))
+        labels = [int(sample.gt_label) for batch in batches for sample in batch['data_samples']]
+        return feats, torch.tensor(labels)

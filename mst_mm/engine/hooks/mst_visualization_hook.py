@@ -8,18 +8,12 @@ from mmpretrain.utils import get_ori_model
 
 @HOOKS.register_module()
 class MSTVisualizationHook(Hook):
-    """Send ``tools/analysis/visualize_mst.py``'s picture of the first global crops (input,
-    teacher attention, guided and random masks, reconstruction) to the visualizer backends.
-
-    Args:
-        interval (int): Iterations between pictures. Defaults to 500.
-        num_images (int): Images of the batch to draw. Defaults to 2.
-    """
+    """Every ``interval`` iterations, send ``tools/analysis/visualize_mst.py``'s picture of the
+    first ``num_images`` global crops to the visualizer backends."""
     priority = 'LOW'
 
     def __init__(self, interval: int = 500, num_images: int = 2) -> None:
-        self.interval = interval
-        self.num_images = num_images
+        self.interval, self.num_images = interval, num_images
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: Optional[dict] = None,
                          outputs=None) -> None:

@@ -1,9 +1,3 @@
-from .dino_optim_wrapper import (
-                                 AMP_OPTIM_WRAPPERS,
-                                 DINOAmpOptimWrapper,
-                                 DINOGradientRulesMixin,
-                                 DINOOptimWrapper,
-)
+from .dino_optim_wrapper import AMP_OPTIM_WRAPPERS, DINOAmpOptimWrapper, DINOOptimWrapper
 
-__all__ = ['AMP_OPTIM_WRAPPERS', 'DINOAmpOptimWrapper', 'DINOGradientRulesMixin',
-           'DINOOptimWrapper']
+__all__ = ['AMP_OPTIM_WRAPPERS', 'DINOAmpOptimWrapper', 'DINOOptimWrapper']

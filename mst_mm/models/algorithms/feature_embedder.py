@@ -1,12 +1,42 @@
-"""A frozen backbone that embeds images, for k-NN evaluation of MST checkpoints."""
-from typing import List, Optional
+"""A frozen backbone that embeds images, for k-NN evaluation of MST checkpoints.
+
+The one place where images are normalised and embedded: ``FeatureEmbedder`` for configs
+(``tools/analysis/knn_eval.py``), :func:`embed_images` for a backbone held in memory (the
+k-NN probe hook, the evidence run).
+"""
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn as nn
 from mmengine.model import BaseModel
 from mmpretrain.registry import MODELS
 from mmpretrain.structures import DataSample
 
 TEACHER_BACKBONE = 'teacher.module.0.'
+
+
+@torch.no_grad()
+def embed_images(backbone: nn.Module, batches: Iterable[torch.Tensor], mean: Sequence[float],
+                 std: Sequence[float], bgr_to_rgb: bool = False,
+                 with_attn: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Embeddings (N, C) of (B, 3, H, W) image batches, normalised as in training,
+    :math:`(x - mean) / std`, by an MST backbone's ``forward_mst`` in eval mode; with
+    ``with_attn`` also its guidance (N, n), for a ViT the last layer's CLS attention."""
+    device = next(backbone.parameters()).device
+    mean = torch.as_tensor(mean, dtype=torch.float, device=device).reshape(1, -1, 1, 1)
+    std = torch.as_tensor(std, dtype=torch.float, device=device).reshape(1, -1, 1, 1)
+    was_training = backbone.training
+    backbone.eval()
+    feats, attns = [], []
+    for images in batches:
+        images = images.to(device).float()
+        if bgr_to_rgb:
+            images = images[:, [2, 1, 0]]
+        out = backbone.forward_mst((images - mean) / std, with_attn=with_attn)
+        feats.append(out.global_feat.cpu())
+        attns.append(out.attn.cpu() if with_attn else None)
+    backbone.train(was_training)
+    return torch.cat(feats), (torch.cat(attns) if with_attn else None)
 
 
 @MODELS.register_module()

@@ -4,6 +4,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 from mmengine.model.weight_init import trunc_normal_
+from mmengine.registry import WEIGHT_INITIALIZERS
 
 # init_cfg types that load a checkpoint: mmengine's, and ours that refuses missing weights.
 PRETRAINED_INITS = ('Pretrained', 'CheckedPretrained')
@@ -29,13 +30,13 @@ class MaskTokenMixin:
             # mmengine loads only type='Pretrained' after the children's initialisation, and
             # mmpretrain's ViT and Swin keep a loaded position embedding only for that name:
             # initialise as without a checkpoint, then load it over everything.
-            from mst_mm.engine.checked_loading import CheckedPretrainedInit
             self.init_cfg = None
             try:
                 super().init_weights()
             finally:
                 self.init_cfg = init_cfg
-            CheckedPretrainedInit(**{k: v for k, v in init_cfg.items() if k != 'type'})(self)
+            # From mmengine's registry: the initialiser lives in engine/, above models/.
+            WEIGHT_INITIALIZERS.build(init_cfg)(self)
         else:
             super().init_weights()
         # A Pretrained init_cfg has just loaded the checkpoint's [MASK] token: keep it.

@@ -4,7 +4,7 @@ mmpretrain or timm names (as DINO ships its ViTs), or the backbone checkpoint of
 mmseg config. mmdet and mmseg load backbones with ``strict=False`` and say nothing about
 unmatched keys, so every converted key is checked against the backbone the config builds.
 The core of ``tools/model_converters/mst2downstream.py``, shared with
-:func:`mst_mm.evaluation.transfer.finetune` and the tests.
+:func:`mst_mm.evidence.transfer.finetune` and the tests.
 """
 import copy
 import math
@@ -17,8 +17,7 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
-from .errors import UserInputError
-from .safe_loading import load_local_checkpoint
+from mst_mm.errors import CheckpointError, UserInputError
 
 SOURCE_PREFIXES = {'teacher': 'teacher.module.0.', 'student': 'backbone.'}
 # Parameters that only pretraining uses: the [MASK] token of the student.
@@ -40,19 +39,15 @@ _VIT_TO_TIMM: Tuple[Tuple[re.Pattern, str], ...] = tuple(
     ))
 
 
-class ConversionError(UserInputError, ValueError):
-    """A checkpoint or option that a conversion cannot use; the message says why."""
-
-
 def extract_backbone(state_dict: Dict[str, torch.Tensor], weights: str = 'teacher',
                      source: str = 'the checkpoint') -> Dict[str, torch.Tensor]:
     """The ``'teacher'`` (EMA) or ``'student'`` backbone of an MST ``state_dict``, with
     mmpretrain names and without pretraining-only keys; ``source`` names it in errors."""
     if weights not in SOURCE_PREFIXES:
-        raise ConversionError(f'weights must be one of {sorted(SOURCE_PREFIXES)}, '
+        raise UserInputError(f'weights must be one of {sorted(SOURCE_PREFIXES)}, '
                               f'got {weights!r}.')
     if not any(k.startswith(SOURCE_PREFIXES['teacher']) for k in state_dict):
-        raise ConversionError(
+        raise CheckpointError(
             f'{source} is not an MST training checkpoint: it has no '
             f"'{SOURCE_PREFIXES['teacher']}*' keys (the EMA teacher's backbone). Give the "
             '.pth that tools/train.py wrote for an MST config, e.g. '
@@ -68,7 +63,7 @@ def backbone_kind(backbone: Dict[str, torch.Tensor]) -> str:
         return 'vit'
     if 'stages.0.blocks.0.attn.w_msa.qkv.weight' in backbone:
         return 'swin'
-    raise ConversionError('The checkpoint holds neither an MST ViT (MaskViT) nor an MST Swin '
+    raise CheckpointError('The checkpoint holds neither an MST ViT (MaskViT) nor an MST Swin '
                           '(MaskSwin) backbone; its first keys are '
                           f'{sorted(backbone)[:5]}.')
 
@@ -90,7 +85,7 @@ def vit_to_timm(backbone: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
             unknown.append(key)
     missing = [k for k in ('cls_token', 'pos_embed', 'norm.weight') if k not in renamed]
     if unknown or missing:
-        raise ConversionError(
+        raise CheckpointError(
             "The ViT does not have the layout of timm's VisionTransformer: "
             f'tensors without a timm name: {", ".join(sorted(unknown)[:8]) or "none"}; '
             f'timm tensors not provided: {", ".join(missing) or "none"}. The timm export '
@@ -122,11 +117,13 @@ SWIN_STAGE_NORM = re.compile(r'^norm(\d+)\.(weight|bias)$')
 def load_training_checkpoint(checkpoint: str, out: str) -> dict:
     """An MST training checkpoint, refused when it is ``out`` or holds no ``state_dict``."""
     if osp.abspath(out) == osp.abspath(checkpoint):
-        raise ConversionError(f'OUT is the input checkpoint {checkpoint}: choose another path, '
+        raise UserInputError(f'OUT is the input checkpoint {checkpoint}: choose another path, '
                               'the converted file holds only the backbone.')
-    loaded = load_local_checkpoint(checkpoint, map_location='cpu')
+    # Imported here: models/ does not import engine/ when the package is imported.
+    from mst_mm.engine.safe_loading import read_checkpoint
+    loaded = read_checkpoint(checkpoint, map_location='cpu')
     if not isinstance(loaded, dict) or 'state_dict' not in loaded:
-        raise ConversionError(f'{checkpoint} is not an MST training checkpoint: expected a dict '
+        raise CheckpointError(f'{checkpoint} is not an MST training checkpoint: expected a dict '
                               "with a 'state_dict' entry, as mmengine saves.")
     return loaded
 
@@ -165,7 +162,7 @@ def resize_pos_embed(pos_embed: torch.Tensor, target_shape: torch.Size,
     src = int(math.isqrt(pos_embed.shape[1] - 1))
     dst = int(math.isqrt(target_shape[1] - 1))
     if src * src + 1 != pos_embed.shape[1] or dst * dst + 1 != target_shape[1]:
-        raise ConversionError(f'Cannot resize pos_embed {tuple(pos_embed.shape)} to '
+        raise CheckpointError(f'Cannot resize pos_embed {tuple(pos_embed.shape)} to '
                               f'{tuple(target_shape)}: only square patch grids are supported.')
     return resize(pos_embed, (src, src), (dst, dst), mode=mode, num_extra_tokens=1)
 
@@ -204,7 +201,7 @@ def match_target(converted: Dict[str, torch.Tensor], target_model: torch.nn.Modu
     if missing or unexpected or mismatched:
         def show(keys):
             return ', '.join(keys[:8]) + (f' ... ({len(keys)} in all)' if len(keys) > 8 else '')
-        raise ConversionError(
+        raise CheckpointError(
             f'The checkpoint does not match the backbone of the {target} config: '
             f'missing {show(missing) or "none"}; unexpected {show(unexpected) or "none"}; '
             f'shape mismatches {show(mismatched) or "none"}. The pretrained architecture '
@@ -232,7 +229,7 @@ def convert_for_downstream(checkpoint: str, out: str, target: str, config,
         dict: The converted tensors under the backbone's own names (no prefix).
     """
     if target not in DOWNSTREAM_TARGETS:
-        raise ConversionError(f'target must be one of {sorted(DOWNSTREAM_TARGETS)}, '
+        raise UserInputError(f'target must be one of {sorted(DOWNSTREAM_TARGETS)}, '
                               f'got {target!r}.')
     loaded = load_training_checkpoint(checkpoint, out)
     backbone = extract_backbone(loaded['state_dict'], weights, checkpoint)
@@ -240,7 +237,7 @@ def convert_for_downstream(checkpoint: str, out: str, target: str, config,
     spec = DOWNSTREAM_TARGETS[target]
     if kind != spec['backbone']:
         other = next(t for t, s in DOWNSTREAM_TARGETS.items() if s['backbone'] == kind)
-        raise ConversionError(
+        raise UserInputError(
             f'--target {target} fine-tunes {spec["framework"]}, but {checkpoint} holds an MST '
             f'{"Swin" if kind == "swin" else "ViT"} backbone: use --target {other}, or pretrain '
             f'the matching backbone.')

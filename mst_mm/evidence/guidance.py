@@ -26,10 +26,8 @@ from ..models.utils import attention_mask
 
 
 def patch_object_mask(pixel_masks: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """(B, H, W) bool pixel masks -> (B, N) bool, True where >= half a patch is object.
-
-    Patches are numbered row by row, as the ViT's tokens are.
-    """
+    """(B, H, W) bool pixel masks -> (B, N) bool, True where >= half a patch is object;
+    patches numbered row by row, as the ViT's tokens are."""
     if pixel_masks.dim() != 3:
         raise ValueError(f'pixel_masks must be (B, H, W), got {tuple(pixel_masks.shape)}.')
     cover = F.avg_pool2d(pixel_masks[:, None].float(), patch_size)  # (B, 1, h, w)
@@ -38,18 +36,9 @@ def patch_object_mask(pixel_masks: torch.Tensor, patch_size: int) -> torch.Tenso
 
 def guidance_shares(attn: torch.Tensor, object_patches: torch.Tensor, num: int = 8,
                     p: float = 0.1, seed: int = 0) -> Dict[str, float]:
-    """The four shares of the module docstring for one set of images.
-
-    Args:
-        attn (Tensor): (B, N) CLS-to-patch attention of the teacher (Eq. 5).
-        object_patches (BoolTensor): (B, N), from :func:`patch_object_mask`.
-        num (int): The lowest ``1/num`` of the patches are candidates. Defaults to 8.
-        p (float): The masking probability of a candidate. Defaults to 0.1.
-        seed (int): Seed of the one draw of ``masked_on_object_share``.
-
-    Returns:
-        dict: shares in [0, 1].
-    """
+    """The four shares of the module docstring, in [0, 1], for (B, N) CLS-to-patch attention
+    (Eq. 5) and :func:`patch_object_mask`'s object patches; the lowest ``1/num`` patches are
+    candidates, each masked with probability ``p`` in one draw seeded by ``seed``."""
     if attn.shape != object_patches.shape:
         raise ValueError(f'attn {tuple(attn.shape)} and object_patches '
                          f'{tuple(object_patches.shape)} must have the same (B, N) shape.')

@@ -1,11 +1,6 @@
-"""Fine-tune Mask R-CNN (mmdet) or SETR (mmseg) on the animal scenes, in this process.
-
-The transfer leg of the evidence run (``tools/evidence.py``): an MST training checkpoint (or
-nothing, for random initialisation) is converted for the downstream config's backbone
-(:func:`mst_mm.engine.backbone_export.convert_for_downstream`, the core of
-``tools/model_converters/mst2downstream.py``), fine-tuned with mmengine's ``Runner`` on the
-scenes that :func:`mst_mm.datasets.animal_shapes.write_scenes` writes, and evaluated on their
-val split. mmdet and mmseg are imported only when a fine-tune runs.
+"""The evidence run's transfer leg: Mask R-CNN (mmdet) or SETR (mmseg) fine-tuned in this
+process on the scenes of :func:`mst_mm.evidence.animal_shapes.write_scenes`, from an MST
+checkpoint converted as ``tools/model_converters/mst2downstream.py`` does, or from random init.
 """
 import copy
 import logging
@@ -21,8 +16,8 @@ from mmengine.logging import print_log
 from mmengine.registry import DefaultScope
 from mmpretrain.utils import get_ori_model
 
-from mst_mm.engine.backbone_export import convert_for_downstream
-from mst_mm.engine.errors import IncompleteCheckpointError
+from mst_mm.errors import CheckpointError
+from mst_mm.models.export import convert_for_downstream
 
 # The metrics that finetune returns, by target: {returned name: evaluator's name}.
 TRANSFER_METRICS = {
@@ -32,16 +27,9 @@ TRANSFER_METRICS = {
 
 
 class PretrainedBackboneCheck(Hook):
-    """Refuse to train unless every converted tensor is in the backbone after init.
-
-    mmdet's Swin and mmseg's ViT load ``init_cfg=dict(type='Pretrained')`` with
-    ``strict=False`` and report nothing; this hook runs at ``before_train``, after the
-    runner initialised the weights, and compares the backbone with the converted tensors.
-
-    Args:
-        converted (dict): The converted tensors under the backbone's own names.
-        source (str): The converted file, for the message.
-    """
+    """Refuse to train unless every converted tensor is in the backbone after init: mmdet's
+    Swin and mmseg's ViT load ``init_cfg=dict(type='Pretrained')`` with ``strict=False`` and
+    report nothing."""
     priority = 'VERY_HIGH'
 
     def __init__(self, converted: Dict[str, torch.Tensor], source: str) -> None:
@@ -56,7 +44,7 @@ class PretrainedBackboneCheck(Hook):
             state[k].detach().cpu(), self.converted[k].detach().cpu()))
         if missing or different:
             shown = ', '.join((missing + different)[:8])
-            raise IncompleteCheckpointError(
+            raise CheckpointError(
                 f'{self.source} did not load into the {type(model.backbone).__name__}: '
                 f'{len(missing)} converted tensors have no place in it and {len(different)} '
                 f'differ from it after initialisation ({shown}). The backbone would be '
@@ -114,41 +102,13 @@ def _point_at_scenes(cfg: Config, scenes_root: str) -> None:
 
 def finetune(config_path: str, checkpoint: Optional[str], work_dir: str, scenes_root: str,
              seed: int, target: str, options: Optional[dict] = None) -> Dict[str, float]:
-    """Fine-tune a downstream config on the scenes from an MST checkpoint and evaluate it.
+    """Fine-tune ``config_path`` on ``scenes_root`` from ``checkpoint``'s EMA teacher backbone
+    (None: random init) with ``randomness=dict(seed=seed)``, and validate at the end.
 
-    The checkpoint's EMA teacher backbone is converted for the config's backbone into
-    ``work_dir/<target>_backbone.pth`` (keys and shapes checked against it; a ViT's position
-    embedding resized to the scenes' grid), loaded through the backbone's
-    ``init_cfg=dict(type='Pretrained')``, and checked to be in the model after init
-    (:class:`PretrainedBackboneCheck`). Then mmengine's ``Runner`` trains with
-    ``randomness=dict(seed=seed)`` and validates on the val scenes at the end.
-
-    Args:
-        config_path (str): The mmdet or mmseg config, e.g.
-            ``configs/benchmarks/mmdetection/mask-rcnn_mst-swin-nano_fpn_animal-scenes.py``.
-        checkpoint (str, optional): An MST training checkpoint as mmengine saves it (a dict
-            with ``state_dict``); None fine-tunes from the backbone's random initialisation.
-        work_dir (str): Where the converted backbone, logs and the last checkpoint go.
-        scenes_root (str): The folder that ``write_scenes`` wrote (``train/``, ``val/``,
-            ``annotations/``, ``labels/``); every dataset and evaluator is pointed at it.
-        seed (int): The fine-tune's seed.
-        target (str): ``'mmdet'`` or ``'mmseg'``.
-        options (dict, optional): Merged into the config (``Config.merge_from_dict``), e.g.
-            ``dict(train_cfg=dict(max_iters=20, val_interval=20))``. When it changes
-            ``train_cfg.max_iters``, the iteration-based schedulers' begin / end are scaled
-            to it, as is a checkpoint interval equal to the old length.
-
-    Returns:
-        dict: Plain floats. ``'mmdet'``: ``bbox_mAP`` and ``segm_mAP``, COCO mAP@[.5:.95] on
-        the 0-1 scale as mmdet's ``CocoMetric`` prints it (0.0 when the model detected
-        nothing at all, which ``CocoMetric`` reports without a value). ``'mmseg'``: ``mIoU``
-        in percent (0-100, background included), as mmseg's ``IoUMetric`` prints it.
-
-    Raises:
-        ValueError: An unknown ``target``.
-        FileNotFoundError: ``scenes_root`` has no scenes.
-        ConversionError: The checkpoint does not fit the config's backbone.
-        IncompleteCheckpointError: The converted weights did not end up in the model.
+    ``options`` are merged into the config; a changed ``train_cfg.max_iters`` rescales the
+    iteration-based schedulers. Returns plain floats: ``'mmdet'``: ``bbox_mAP`` and
+    ``segm_mAP`` (0-1, as ``CocoMetric`` prints them; 0.0 when nothing was detected);
+    ``'mmseg'``: ``mIoU`` (%, background included).
     """
     if target not in TRANSFER_METRICS:
         raise ValueError(f'target must be one of {sorted(TRANSFER_METRICS)}, got {target!r}.')
@@ -156,7 +116,7 @@ def finetune(config_path: str, checkpoint: Optional[str], work_dir: str, scenes_
             osp.join(scenes_root, 'val')):
         raise FileNotFoundError(
             f'{scenes_root} has no train/ and val/ scenes: write them with '
-            f"python -c \"from mst_mm.datasets.animal_shapes import write_scenes; "
+            f"python -c \"from mst_mm.evidence.animal_shapes import write_scenes; "
             f"write_scenes('{scenes_root}')\"")
     cfg = Config.fromfile(config_path)
     old_max_iters = cfg.train_cfg.max_iters
@@ -166,7 +126,7 @@ def finetune(config_path: str, checkpoint: Optional[str], work_dir: str, scenes_
             _fit_schedule(cfg, old_max_iters)
     _point_at_scenes(cfg, scenes_root)
     cfg.work_dir = work_dir
-    cfg.randomness = dict(seed=seed)
+    cfg.randomness = dict(cfg.get('randomness') or {}, seed=seed)  # keeps diff_rank_seed
     cfg.launcher = 'none'
     if cfg.get('visualizer'):
         # mmengine hands out an existing visualizer of the same name, with the vis backends
