@@ -2,7 +2,9 @@
 k-NN probe curve and the resume-by-skipping of finished units."""
 import json
 import math
+import shutil
 
+import numpy as np
 import pytest
 
 from mst_mm.evidence.animal_shapes import write_object_images
@@ -61,15 +63,18 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
     summary = evidence.main(argv)   # the units in two processes side by side
 
     assert summary == json.loads((out / 'summary.json').read_text())
-    assert set(summary) == {'ln_k', 'knn_top1', 'linear_top1', 'last_loss_dino', 'guidance',
-                            'transfer'}
+    assert set(summary) == {'ln_k', 'image_views_per_run', 'knn_top1', 'linear_top1',
+                            'last_loss_dino', 'knn_probe', 'guidance', 'transfer'}
+    assert summary['image_views_per_run'] == 1 * 10 * 3   # one epoch of 3 images a class
     assert summary['transfer'] is None
     assert summary['ln_k'] == pytest.approx(math.log(1024))
     for key in ('knn_top1', 'linear_top1'):
-        assert set(summary[key]) == {'raw_pixels', 'random_init', 'dino', 'mst_guided_mask'}
+        assert set(summary[key]) == {'raw_pixels', 'random_init', 'supervised', 'dino',
+                                     'mst_guided_mask'}
         assert isinstance(summary[key]['raw_pixels'], float)
         assert all(len(summary[key][row]) == 2
                    for row in ('random_init', 'dino', 'mst_guided_mask'))
+        assert len(summary[key]['supervised']) == 1   # --quick: one supervised seed
     # The two seeds are two different trainings.
     assert summary['last_loss_dino']['dino'][0] != summary['last_loss_dino']['dino'][1]
     guidance = summary['guidance']
@@ -83,13 +88,15 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
     assert row['attention_on_object_share'] == pytest.approx(attention_share, rel=1e-4)
     assert guidance['object_area_share'] == pytest.approx(area_share)
     # The k-NN probe ran before training and after the epoch; its last value is the table's.
-    steps = [step for step, _ in row['knn_probe_by_iter']]
-    assert steps[0] == 0 and steps[-1] > 0
-    assert row['knn_probe_by_iter'][-1][1] == pytest.approx(row['knn_top1'])
+    assert [epoch for epoch, _ in row['knn_probe']] == [0, 1]
+    assert row['knn_probe'][-1][1] == pytest.approx(row['knn_top1'])
+    assert summary['knn_probe']['mst_guided_mask'][0] == row['knn_probe']
     assert [c['epoch'] for c in row['guidance_by_epoch']] == [1]
     assert (out / 'pictures' / 'pretraining_curves.png').stat().st_size > 10_000
+    assert (out / 'pictures' / 'evidence.png').stat().st_size > 10_000
     table = (out / 'evidence_table.md').read_text()
     assert '| raw pixels |' in table and '| mst_guided_mask | 2 |' in table
+    assert '| supervised | 1 |' in table
 
     # A second run skips every finished unit: same summary, no new training.
     mtime = (out / 'results' / 'dino_seed1.json').stat().st_mtime
@@ -106,20 +113,95 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
     capsys.readouterr()
 
 
+def test_the_validation_split_holds_out_100_images_a_class_of_the_train_split():
+    from mst_mm.evidence.animal_shapes import load_silhouettes, stratified_split, validation_split
+    _, labels = load_silhouettes()
+    train, _ = stratified_split(labels)
+    fit, val = validation_split(labels[train])
+    assert len(fit) == 7000 and len(val) == 1000 and not set(fit) & set(val)
+    assert np.bincount(labels[train][val]).tolist() == [100] * 10
+    assert all((a == b).all() for a, b in zip((fit, val), validation_split(labels[train])))
+
+
+def test_validation_mode_probes_without_the_test_images(tmp_path, small_package,  # noqa: F811
+                                                       evidence, monkeypatch):
+    from mst_mm.evidence import animal_shapes
+    from mst_mm.evidence.frozen_features import class_folder_files, load_class_folders
+    data_root = tmp_path / 'animals'
+    objects = data_root / 'objects'
+    write_object_images(str(objects), test_per_class=1, package_dir=small_package)
+    monkeypatch.setattr(animal_shapes, 'VAL_PER_CLASS', 1)   # 3 train images a class here
+    schedule = dict(epochs=1, validation=True, probe_interval=3,
+                    cfg_options={'model.base_momentum': 0.004, 'custom_hooks.0.start': 0.04})
+    cfg = evidence.pretrain_config(evidence.VIT_CONFIG, 'dino', 0, schedule, str(data_root),
+                                   str(tmp_path / 'work'))
+    fit, val = evidence.split_indices(str(data_root), schedule)
+    paths, labels = class_folder_files(str(objects / 'train'))
+    assert len(fit) == 20 and len(val) == 10 and not set(fit) & set(val)
+    assert labels[val].tolist() == list(range(10))
+    assert cfg.train_dataloader.dataset.indices == fit
+    (hook, ) = [h for h in cfg.custom_hooks if h.type == 'KNNProbeHook']
+    assert hook.interval == 3
+    for loader, indices in ((hook.reference_dataloader, fit), (hook.query_dataloader, val)):
+        assert loader.dataset.data_root == str(objects / 'train')
+        assert loader.dataset.indices == indices
+    # The recipe options reach the config, the teacher's temperature hook included.
+    assert cfg.model.base_momentum == 0.004 and cfg.custom_hooks[0].start == 0.04
+
+    # The probe's queries are the validation images with their masks; no test image is read.
+    shutil.rmtree(objects / 'test')
+    probe = evidence.Probe(str(data_root), validation=True)
+    images, _, _ = load_class_folders(str(objects / 'train'))
+    assert np.array_equal(probe.test_images, images[val])
+    assert np.array_equal(probe.train_images, images[fit])
+    assert probe.test_labels.tolist() == labels[val].tolist()
+    masks = animal_shapes.load_object_masks(str(objects), 'train')
+    assert np.array_equal(probe.test_masks.numpy(),
+                          np.stack([masks[f'train/{paths[i]}'] for i in val]))
+
+
+def test_the_long_recipe_config_is_the_candidate_chosen_on_the_validation_split(evidence):
+    """configs/mst/...-50e_animals.py is the 6-epoch config with the search's options (as
+    docs/evidence.md lists them), scaled to 50 epochs, as the search ran it."""
+    chosen = {'model.base_momentum': 0.004, 'custom_hooks.0.start': 0.02,
+              'custom_hooks.0.end': 0.02}
+    long_config = evidence.VIT_CONFIG.replace('-6e_', '-50e_')
+    data_root = 'no/data/needed'
+    searched = evidence.pretrain_config(
+        evidence.VIT_CONFIG, 'dino', 10,
+        dict(epochs=50, cfg_options=chosen, probe_interval=2), data_root, 'work')
+    config = evidence.pretrain_config(long_config, 'dino', 10, dict(epochs=50), data_root,
+                                      'work')
+    for key in ('model', 'param_scheduler', 'custom_hooks', 'train_cfg', 'default_hooks',
+                'optim_wrapper', 'train_dataloader'):
+        assert config[key] == searched[key], key
+    assert config.param_scheduler[0].end == 8 and config.custom_hooks[2].interval == 2
+
+
 def test_the_units_are_planned_in_stages_and_balanced_over_lanes(evidence):
     schedule = dict(seeds=dict(dino=3, mst_decoder=2, mst_random_mask=2, mst_guided_mask=3),
-                    finetune_seeds=2)
+                    supervised_seeds=2, finetune_seeds=2)
     first, second = evidence.plan_units(schedule, transfer=True)
-    assert len(first) == 3 + 10 + 2 and len(second) == 12
+    assert len(first) == 3 + 2 + 10 + 2 and len(second) == 24   # fine-tuned and frozen
     assert 'random_init_seed2' in first and 'swin_dino_seed0' in first
-    assert 'mmdet_random_init_ft1' in second and 'mmseg_mst_guided_mask_ft0' in second
-    assert evidence.plan_units(schedule, transfer=False) == [first[:13]]
+    assert 'supervised_seed1' in first and 'mmdet_random_init_ft1' in second
+    assert 'mmseg_mst_guided_mask_ft0' in second and 'mmdet_frozen_dino_ft1' in second
+    assert evidence.plan_units(schedule, transfer=False) == [first[:15]]
     lanes = evidence.split_lanes(first, 2)
     assert sorted(sum(lanes, [])) == sorted(first)
     minutes = [sum(evidence.UNIT_MINUTES.get(n.split('_')[0], 10) for n in lane)
                for lane in lanes]
     assert abs(minutes[0] - minutes[1]) <= 10
     assert evidence.split_lanes(['dino_seed0'], 2) == [['dino_seed0']]
+
+
+def test_a_frozen_transfer_unit_runs_the_frozen_fine_tune(evidence, monkeypatch):
+    calls = []
+    monkeypatch.setattr(evidence, 'finetune_row', lambda *args: calls.append(args))
+    for name in ('mmdet_frozen_mst_guided_mask_ft1', 'mmseg_random_init_ft0'):
+        evidence.run_unit(name, None, None, {}, 'data', 'out')
+    assert [(c[1], c[2], c[3], c[-1]) for c in calls] == [
+        ('mmdet', 'mst_guided_mask', 1, True), ('mmseg', 'random_init', 0, False)]
 
 
 def test_bad_arguments_are_named(tmp_path, evidence):

@@ -5,17 +5,21 @@ The MST checkpoints are the evidence run's own models (MaskSwin-nano, ViT-tiny) 
 ``{'state_dict': ...}`` with a teacher that differs from the student, so that a loaded
 weight can only have come from the teacher.
 """
+from types import SimpleNamespace
+
 import pytest
 import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
+from mmengine.model import BaseModel
+from mmengine.optim import build_optim_wrapper
 from mmengine.registry import HOOKS, DefaultScope
 from mmpretrain.registry import MODELS
 
 import mst_mm  # noqa: F401
 from mst_mm.errors import UserInputError
 from mst_mm.evidence.animal_shapes import write_scenes
-from mst_mm.evidence.transfer import TRANSFER_METRICS, finetune
+from mst_mm.evidence.transfer import TRANSFER_METRICS, FrozenBackbone, finetune
 from tests.helpers import REPO, scalars
 
 SWIN_CONFIG = REPO / 'configs/mst/mst_swin-nano-p4-w4_1xb64-coslr-6e_animals.py'
@@ -33,6 +37,38 @@ class BackboneAfterInitHook(Hook):
     def before_train(self, runner) -> None:
         BackboneAfterInitHook.snapshot = {
             k: v.detach().clone() for k, v in runner.model.backbone.state_dict().items()}
+
+
+@HOOKS.register_module(force=True)
+class TrainingRecordHook(Hook):
+    """Records the model's tensors before and after training, the backbone's grads after it,
+    and for every training forward of the backbone whether the model was in train mode and
+    which of the backbone's modules were."""
+    before: dict = {}
+    after: dict = {}
+    grads: list = []
+    modes: list = []
+
+    def before_train(self, runner) -> None:
+        cls = TrainingRecordHook
+        cls.before = {k: v.detach().clone() for k, v in runner.model.state_dict().items()}
+        cls.modes = []
+        self.handle = runner.model.backbone.register_forward_pre_hook(
+            lambda backbone, args: cls.modes.append(
+                {name: m.training for name, m in backbone.named_modules()})
+            if runner.model.training else None)
+
+    def after_train(self, runner) -> None:
+        self.handle.remove()
+        TrainingRecordHook.after = {
+            k: v.detach().clone() for k, v in runner.model.state_dict().items()}
+        TrainingRecordHook.grads = [p.grad for p in runner.model.backbone.parameters()]
+
+
+def changed(prefix: str) -> list:
+    """The tensors under ``prefix`` that training changed."""
+    before, after = TrainingRecordHook.before, TrainingRecordHook.after
+    return [k for k in before if k.startswith(prefix) and not torch.equal(before[k], after[k])]
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +105,7 @@ def quick(**extra) -> dict:
         train_dataloader=dict(batch_size=2),
         val_dataloader=dict(batch_size=2),
         default_hooks=dict(logger=dict(interval=1)),
-        custom_hooks=[dict(type='BackboneAfterInitHook')],
+        custom_hooks=[dict(type='BackboneAfterInitHook'), dict(type='TrainingRecordHook')],
         log_level='WARNING')
     options.update(extra)
     return options
@@ -164,6 +200,80 @@ def test_random_init(target, config, scenes, tmp_path):
     assert_last_validation(result, tmp_path, target)
     assert not (tmp_path / f'{target}_backbone.pth').exists()
     assert DefaultScope.get_current_instance().scope_name == 'mmpretrain'   # given back
+    # Without frozen_backbone the backbone trains, in train mode.
+    assert changed('backbone.')
+    assert len(TrainingRecordHook.modes) == 2
+    assert all(all(modes.values()) for modes in TrainingRecordHook.modes)
+
+
+class Toy(BaseModel):
+    """A backbone with dropout and a neck, trained on the mean of their output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
+        self.neck = torch.nn.Linear(4, 1)
+
+    def forward(self, inputs, data_samples=None, mode='loss'):
+        return dict(loss=self.neck(self.backbone(inputs)).mean())
+
+
+@pytest.mark.parametrize('optimizer', [
+    dict(type='AdamW', lr=0.1, weight_decay=0.5),
+    dict(type='SGD', lr=0.1, momentum=0.9, weight_decay=0.5)])
+def test_frozen_backbone_hook(optimizer):
+    """As the runner calls them: the optimizer is built before ``before_train``, and
+    ``model.train()`` comes before every ``before_train_iter``."""
+    torch.manual_seed(0)
+    model = Toy()
+    runner = SimpleNamespace(model=model)
+    optim_wrapper = build_optim_wrapper(model, dict(optimizer=optimizer))
+    backbone = {k: v.clone() for k, v in model.backbone.state_dict().items()}
+    neck = {k: v.clone() for k, v in model.neck.state_dict().items()}
+    hook = FrozenBackbone()
+    hook.before_train(runner)
+    for step in range(3):
+        model.train()
+        hook.before_train_iter(runner, step)
+        assert model.training and not any(m.training for m in model.backbone.modules())
+        model.train_step(dict(inputs=torch.randn(8, 4)), optim_wrapper)
+    for k, v in model.backbone.state_dict().items():
+        assert torch.equal(v, backbone[k]), k
+    assert all(p.grad is None for p in model.backbone.parameters())
+    assert all(not torch.equal(v, neck[k]) for k, v in model.neck.state_dict().items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('target, config, vit_or_swin', [
+    ('mmdet', DET_CONFIG, SWIN_CONFIG), ('mmseg', SEG_CONFIG, None)])
+def test_frozen_backbone(target, config, vit_or_swin, scenes, tmp_path):
+    """The backbone (Mask R-CNN's from the MST teacher, SETR's from random init) ends as it
+    started, in eval mode at every training forward; the neck and heads train."""
+    checkpoint = None
+    if vit_or_swin:
+        checkpoint = str(tmp_path / 'mst.pth')
+        save_mst_checkpoint(vit_or_swin, checkpoint)
+    options = quick(model=dict(test_cfg=dict(rcnn=dict(score_thr=0.0)))) \
+        if target == 'mmdet' else quick()
+    result = finetune(str(config), checkpoint, str(tmp_path / 'work'), scenes, 0, target,
+                      options, frozen_backbone=True)
+    assert_last_validation(result, tmp_path / 'work', target)
+
+    assert not changed('backbone.')
+    assert all(grad is None for grad in TrainingRecordHook.grads)
+    heads = {k.partition('.')[0] for k in TrainingRecordHook.before} - {'backbone'}
+    assert heads == ({'neck', 'rpn_head', 'roi_head'} if target == 'mmdet'
+                     else {'decode_head', 'auxiliary_head'})
+    for head in heads:
+        assert changed(f'{head}.'), head
+    if checkpoint:   # the converted teacher, as loaded
+        after_init = BackboneAfterInitHook.snapshot
+        converted = torch.load(tmp_path / 'work' / 'mmdet_backbone.pth')['state_dict']
+        for key, value in after_init.items():
+            assert torch.equal(TrainingRecordHook.after[f'backbone.{key}'], value)
+            assert torch.equal(converted[f'backbone.{key}'], value)
+    assert len(TrainingRecordHook.modes) == 2
+    assert not any(any(modes.values()) for modes in TrainingRecordHook.modes)
 
 
 def test_refuses_a_checkpoint_of_the_other_backbone(scenes, tmp_path):

@@ -9,11 +9,12 @@ its checkpoints transfer? On real animal silhouettes, on a CPU (tools/run_eviden
    (p / num), and the decoder with the attention-guided mask (num = 8, p = 0.1). A k-NN
    probe hook logs the held-out top-1 during pretraining.
 3. Probes the EMA teachers' CLS features (weighted k-NN, k = 20, T = 0.07, and a linear
-   probe) against raw pixels and randomly initialised backbones, and measures where the
-   teachers' CLS attention and the guided mask fall against the objects' pixel masks, at
-   every epoch of seed 0.
+   probe) against raw pixels, randomly initialised backbones and the same ViT trained with
+   labels (the supervised ceiling), and measures where the teachers' CLS attention and the
+   guided mask fall against the objects' pixel masks, at every epoch of seed 0.
 4. Fine-tunes Mask R-CNN (a small MaskSwin pretrained as DINO and as MST on the objects)
-   and SETR-naive (the ViTs) on the scenes, from random init, DINO and MST.
+   and SETR-naive (the ViTs) on the scenes, from random init, DINO and MST, with the
+   backbone trained and with it frozen (only the neck and heads train).
 5. Writes ``OUT/summary.json``, ``OUT/evidence_table.md`` and pictures to ``OUT/pictures``.
 
 Every finished unit is stored under ``OUT/results`` and skipped by a rerun, and a
@@ -21,6 +22,10 @@ pretraining cut short resumes from its last epoch, so the command goes on where 
 
     python tools/evidence.py [--quick] [--out work_dirs/evidence]
     python tools/evidence.py --only mst_guided_mask:1     # one row: pretraining, probes, guidance
+    python tools/evidence.py --validation --only dino:10 --cfg-options ...   # a recipe candidate
+
+``--validation`` is for choosing recipes: it trains without 1,000 images carved from the
+training images and probes on them, never reading the test images (docs/evidence.md).
 """
 import argparse
 import glob
@@ -32,10 +37,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
-from mmengine.config import Config
+from mmengine.config import Config, DictAction
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 from mst_mm.models import DINO_MODE  # noqa: E402
@@ -60,11 +65,12 @@ TRANSFER_FROM = ('random_init', 'dino', 'mst_guided_mask')
 DEFAULT_DATA_ROOT = 'data/animal_shapes'
 KNN_K = 20
 SCHEDULES = {
-    # seeds per variant, pretraining epochs, fine-tune seeds, fine-tune overrides
+    # seeds per variant, pretraining epochs (None: the config's), supervised seeds,
+    # fine-tune seeds, fine-tune overrides
     'full': dict(seeds=dict(dino=3, mst_decoder=2, mst_random_mask=2, mst_guided_mask=3),
-                 epochs=6, finetune_seeds=2, finetune=None),
+                 epochs=None, supervised_seeds=2, finetune_seeds=2, finetune=None),
     'quick': dict(seeds=dict(dino=1, mst_decoder=1, mst_random_mask=1, mst_guided_mask=1),
-                  epochs=1, finetune_seeds=1, finetune='quick'),
+                  epochs=1, supervised_seeds=1, finetune_seeds=1, finetune='quick'),
 }
 
 
@@ -104,6 +110,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='units run side by side, each in its own process with --threads '
                         'threads (default: 2 on two or more cores, where the full run takes '
                         'about 2 h; 1 runs everything in this process)')
+    parser.add_argument('--config', default=VIT_CONFIG,
+                        help='the ViT pretraining config of every row (default: '
+                        f'{osp.relpath(VIT_CONFIG, REPO)})')
+    parser.add_argument('--validation', action='store_true',
+                        help='for choosing a recipe: pretrain without the 1,000 validation '
+                        'images carved from the training images (100 per class), and probe '
+                        'on them against the other 7,000; the test images are not read')
+    parser.add_argument('--probe-interval', type=int, default=None,
+                        help='epochs between the k-NN probe hook\'s evaluations (default: '
+                        'the config\'s)')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
+                        help='recipe options merged into the ViT pretraining config of every '
+                        'row, e.g. custom_hooks.0.start=0.04 (key=value, as tools/train.py)')
     # A lane's process: these units only, then exit (used by --jobs).
     parser.add_argument('--units', default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -148,32 +167,54 @@ class Store:
 
 def pretrain_config(base: str, variant: str, seed: int, schedule: dict, data_root: str,
                     work_dir: str, probe: bool = True) -> Config:
-    """The pretraining config of one row: ``base`` with the variant's model, the seed, the
-    schedule's epochs (and, for --quick, every ``train_stride``-th train image) and batch."""
+    """The pretraining config of one row: ``base`` with the variant's model and the
+    schedule's recipe options (``cfg_options``, the ViT's only), the seed, the schedule's
+    epochs, images (less the validation images with ``validation``) and batch."""
     cfg = Config.fromfile(base)
     cfg.merge_from_dict(dict(model=VARIANTS[variant]))  # nested dicts merge, None replaces
+    if base != SWIN_CONFIG and schedule.get('cfg_options'):
+        cfg.merge_from_dict(schedule['cfg_options'])
     objects = osp.join(data_root, 'objects')
     dataset = cfg.train_dataloader.dataset
     dataset.data_root = objects
-    if schedule.get('train_stride', 1) > 1:
-        # The images are listed class by class: a stride keeps every class.
-        with open(osp.join(objects, 'dataset.json')) as f:
-            num_train = json.load(f)['train']
-        dataset.indices = list(range(0, num_train, schedule['train_stride']))
+    if schedule.get('validation'):
+        fit, val = split_indices(data_root, schedule)
+        dataset.indices = fit
     if schedule.get('batch_size'):
         cfg.train_dataloader.batch_size = schedule['batch_size']
     cfg.randomness = dict(cfg.get('randomness') or {}, seed=seed)  # keeps diff_rank_seed
     cfg.work_dir = work_dir
     _set_epochs(cfg, schedule['epochs'])
-    # The config's k-NN probe (KNNProbeHook) reads this data root's train and test splits.
+    # The config's k-NN probe (KNNProbeHook): this data root's train images against its
+    # test images, or with ``validation`` the fitting images against the validation ones.
     hooks = [h for h in cfg.custom_hooks if h.type != 'KNNProbeHook']
     for hook in cfg.custom_hooks:
         if hook.type == 'KNNProbeHook' and probe:
-            hook.reference_dataloader.dataset.data_root = osp.join(objects, 'train')
-            hook.query_dataloader.dataset.data_root = osp.join(objects, 'test')
+            hook.interval = schedule.get('probe_interval') or hook.interval
+            reference = hook.reference_dataloader.dataset
+            query = hook.query_dataloader.dataset
+            reference.data_root = osp.join(objects, 'train')
+            if schedule.get('validation'):
+                reference.indices, query.indices = fit, val
+                query.data_root = osp.join(objects, 'train')
+            else:
+                query.data_root = osp.join(objects, 'test')
             hooks.append(hook)
     cfg.custom_hooks = hooks
     return cfg
+
+
+def split_indices(data_root: str, schedule: dict) -> Tuple[List[int], List[int]]:
+    """Indices into the training folder (``CustomDataset`` order) of the images that train
+    and of the validation images (none without ``validation``)."""
+    from mst_mm.evidence.animal_shapes import validation_split
+    from mst_mm.evidence.frozen_features import class_folder_files
+    _, labels = class_folder_files(osp.join(data_root, 'objects', 'train'))
+    if schedule.get('validation'):
+        fit, val = (part.tolist() for part in validation_split(labels.numpy()))
+    else:
+        fit, val = list(range(len(labels))), []
+    return fit, val
 
 
 def _set_epochs(cfg: Config, epochs: int) -> None:
@@ -222,15 +263,28 @@ def build_model(cfg: Config, checkpoint: Optional[str], seed: int):
 class Probe:
     """The held-out evaluations of one backbone: k-NN, linear probe and guidance shares."""
 
-    def __init__(self, data_root: str) -> None:
+    def __init__(self, data_root: str, validation: bool = False) -> None:
+        """The train images against the test images; with ``validation``, the fitting
+        images against the validation images carved from the train images (the test
+        images are not read)."""
+        import numpy as np
+
         from mst_mm.evidence.animal_shapes import load_object_masks
         from mst_mm.evidence.frozen_features import load_class_folders
         objects = osp.join(data_root, 'objects')
-        self.train_images, self.train_labels, _ = load_class_folders(osp.join(objects, 'train'))
-        self.test_images, self.test_labels, paths = load_class_folders(osp.join(objects, 'test'))
-        masks = load_object_masks(objects, 'test')
-        self.test_masks = torch.from_numpy(
-            __import__('numpy').stack([masks[osp.join('test', p)] for p in paths]))
+        train_images, train_labels, train_paths = load_class_folders(osp.join(objects, 'train'))
+        if validation:
+            fit, val = split_indices(data_root, dict(validation=True))
+            self.train_images, self.train_labels = train_images[fit], train_labels[fit]
+            self.test_images, self.test_labels = train_images[val], train_labels[val]
+            split, paths = 'train', [train_paths[i] for i in val]
+        else:
+            self.train_images, self.train_labels = train_images, train_labels
+            self.test_images, self.test_labels, paths = load_class_folders(
+                osp.join(objects, 'test'))
+            split = 'test'
+        masks = load_object_masks(objects, split)
+        self.test_masks = torch.from_numpy(np.stack([masks[osp.join(split, p)] for p in paths]))
 
     def raw_pixels(self) -> dict:
         from mst_mm.evaluation import knn_top1, linear_probe_top1
@@ -242,12 +296,15 @@ class Probe:
                                                   self.test_labels))
 
     def model(self, model, classify: bool = True) -> dict:
+        """The EMA teacher's backbone of an MST model."""
+        return self.backbone(model.teacher.module[0], model.data_preprocessor.mean,
+                             model.data_preprocessor.std, classify)
+
+    def backbone(self, backbone, mean, std, classify: bool = True) -> dict:
         from mst_mm.evaluation import knn_top1, linear_probe_top1
         from mst_mm.evidence.frozen_features import image_batches
         from mst_mm.evidence.guidance import guidance_shares, patch_object_mask
         from mst_mm.models.algorithms.feature_embedder import embed_images
-        backbone = model.teacher.module[0]
-        mean, std = model.data_preprocessor.mean, model.data_preprocessor.std
         test_feats, attn = embed_images(backbone, image_batches(self.test_images), mean, std,
                                         with_attn=True)
         patch = self.test_masks.shape[-1] // int(math.isqrt(attn.shape[1]))
@@ -268,15 +325,19 @@ def pretrained_row(store: Store, probe: Probe, variant: str, seed: int, schedule
     from mst_mm.visualization import final_values, read_scalars
     name = f'{variant}_seed{seed}'
     work_dir = osp.join(out, 'pretrain', name)
-    cfg = pretrain_config(VIT_CONFIG, variant, seed, schedule, data_root, work_dir)
+    cfg = pretrain_config(schedule['config'], variant, seed, schedule, data_root, work_dir)
 
     def compute() -> dict:
         checkpoints = pretrain(cfg)
         row = probe.model(build_model(cfg, checkpoints[-1], seed))
         scalars = read_scalars(work_dir, all_runs=True)
         row.update(final_values(scalars))
+        # The hook logs at epoch ends, by iteration; the loop drops the last partial batch.
+        iters_per_epoch = len(split_indices(data_root, schedule)[0]) // \
+            cfg.train_dataloader.batch_size
         probe_key = f'knn_probe_top1_k{KNN_K}'
-        row['knn_probe_by_iter'] = [[r['step'], r[probe_key]] for r in scalars if probe_key in r]
+        row['knn_probe'] = [[r['step'] // iters_per_epoch, r[probe_key]]
+                            for r in scalars if probe_key in r]
         if guidance_curve:
             row['guidance_by_epoch'] = [
                 dict(epoch=e, **probe.model(build_model(cfg, ckpt, seed), classify=False))
@@ -287,18 +348,38 @@ def pretrained_row(store: Store, probe: Probe, variant: str, seed: int, schedule
     return store.get(name, compute)
 
 
-def random_init_row(store: Store, probe: Probe, seed: int, data_root: str, out: str) -> dict:
+def random_init_row(store: Store, probe: Probe, seed: int, schedule: dict, data_root: str,
+                    out: str) -> dict:
     path = osp.join(out, 'random_init', f'seed{seed}.pth')
 
     def compute() -> dict:
-        cfg = pretrain_config(VIT_CONFIG, 'mst_guided_mask', seed, dict(epochs=1), data_root,
-                              out, probe=False)
+        cfg = pretrain_config(schedule['config'], 'mst_guided_mask', seed,
+                              dict(schedule, epochs=1), data_root, out, probe=False)
         model = build_model(cfg, None, seed)
         os.makedirs(osp.dirname(path), exist_ok=True)
         torch.save({'state_dict': model.state_dict()}, path)
         return dict(probe.model(model), checkpoint=path)
 
     return store.get(f'random_init_seed{seed}', compute)
+
+
+def supervised_row(store: Store, probe: Probe, seed: int, schedule: dict, data_root: str,
+                   out: str) -> dict:
+    """The ceiling: the same ViT trained with labels on the same images and epochs."""
+    from mst_mm.evidence.supervised import load_supervised_backbone, train_supervised
+    cfg = pretrain_config(schedule['config'], 'dino', seed, schedule, data_root, out,
+                          probe=False)
+
+    def compute() -> dict:
+        indices = split_indices(data_root, schedule)[0] if schedule.get('validation') else None
+        checkpoint = train_supervised(cfg, osp.join(data_root, 'objects'),
+                                      osp.join(out, 'supervised', f'seed{seed}'),
+                                      schedule['epochs'], seed, indices,
+                                      schedule.get('batch_size'))
+        return dict(probe.backbone(*load_supervised_backbone(checkpoint, cfg)),
+                    checkpoint=checkpoint)
+
+    return store.get(f'supervised_seed{seed}', compute)
 
 
 # -------------------------------------------------------------------------- transfer
@@ -311,9 +392,10 @@ def swin_row(store: Store, variant: str, schedule: dict, data_root: str, out: st
 
 
 def finetune_row(store: Store, target: str, start: str, ft_seed: int, schedule: dict,
-                 data_root: str, out: str) -> dict:
+                 data_root: str, out: str, frozen: bool = False) -> dict:
     """Mask R-CNN (MaskSwin-nano, ``mmdet``) or SETR (ViT, ``mmseg``) fine-tuned on the scenes
-    from the ``start`` row's checkpoint (Mask R-CNN's random init is mmdet's own)."""
+    from the ``start`` row's checkpoint (Mask R-CNN's random init is mmdet's own); with
+    ``frozen``, the backbone stays as initialised and only the neck and heads train."""
     from mst_mm.evidence.transfer import finetune
     if target == 'mmdet':
         checkpoint = None if start == 'random_init' else store.load(f'swin_{start}_seed0')
@@ -324,28 +406,32 @@ def finetune_row(store: Store, target: str, start: str, ft_seed: int, schedule: 
     options = None
     if schedule['finetune'] == 'quick':
         options = dict(train_cfg=dict(max_iters=20, val_interval=20))
-    name = f'{target}_{start}_ft{ft_seed}'
+    name = f"{target}{'_frozen' if frozen else ''}_{start}_ft{ft_seed}"
     return store.get(name, lambda: finetune(config, checkpoint, osp.join(out, 'transfer', name),
                                             osp.join(data_root, 'scenes'), ft_seed, target,
-                                            options))
+                                            options, frozen_backbone=frozen))
 
 
 def transfer_rows(store: Store, schedule: dict, data_root: str, out: str) -> dict:
     """Every fine-tune, from the stored random-init, DINO and MST-guided seed-0 rows."""
     for variant in TRANSFER_FROM[1:]:
         swin_row(store, variant, schedule, data_root, out)
-    result = dict(mmdet={}, mmseg={})
+    result = {f'{target}{suffix}': {} for suffix in ('', '_frozen')
+              for target in ('mmdet', 'mmseg')}
     for start in TRANSFER_FROM:
         for target in ('mmdet', 'mmseg'):
-            runs = [finetune_row(store, target, start, ft_seed, schedule, data_root, out)
-                    for ft_seed in range(schedule['finetune_seeds'])]
-            result[target][start] = {key: [r[key] for r in runs] for key in runs[0]}
+            for frozen in (False, True):
+                runs = [finetune_row(store, target, start, ft_seed, schedule, data_root, out,
+                                     frozen)
+                        for ft_seed in range(schedule['finetune_seeds'])]
+                result[target + ('_frozen' if frozen else '')][start] = {
+                    key: [r[key] for r in runs] for key in runs[0]}
     return result
 
 
 # ----------------------------------------------------------------------------- lanes
 # Rough minutes of each kind of unit on one core, to balance the lanes.
-UNIT_MINUTES = dict(random=1, swin=12, mmdet=4, mmseg=3, vit=10)
+UNIT_MINUTES = dict(random=1, supervised=3, swin=12, mmdet=4, mmseg=3, vit=10)
 
 
 def plan_units(schedule: dict, transfer: bool) -> List[List[str]]:
@@ -353,12 +439,14 @@ def plan_units(schedule: dict, transfer: bool) -> List[List[str]]:
     the fine-tunes of the second start from checkpoints of the first."""
     seeds = schedule['seeds']
     first = [f'random_init_seed{s}' for s in range(max(seeds.values()))]
+    first += [f'supervised_seed{s}' for s in range(schedule['supervised_seeds'])]
     first += [f'{v}_seed{s}' for v, n in seeds.items() for s in range(n)]
     if not transfer:
         return [first]
     first += [f'swin_{v}_seed0' for v in TRANSFER_FROM[1:]]
-    return [first, [f'{target}_{start}_ft{s}' for start in TRANSFER_FROM
-                    for target in ('mmdet', 'mmseg') for s in range(schedule['finetune_seeds'])]]
+    return [first, [f'{target}{frozen}_{start}_ft{s}' for start in TRANSFER_FROM
+                    for target in ('mmdet', 'mmseg') for frozen in ('', '_frozen')
+                    for s in range(schedule['finetune_seeds'])]]
 
 
 def split_lanes(names: List[str], jobs: int) -> List[List[str]]:
@@ -379,11 +467,17 @@ def run_unit(name: str, store: Store, probe: 'Probe', schedule: dict, data_root:
              out: str) -> dict:
     """One unit by its name in :func:`plan_units`."""
     if name.startswith('random_init_seed'):
-        return random_init_row(store, probe, int(name.rpartition('seed')[2]), data_root, out)
+        return random_init_row(store, probe, int(name.rpartition('seed')[2]), schedule,
+                               data_root, out)
+    if name.startswith('supervised_seed'):
+        return supervised_row(store, probe, int(name.rpartition('seed')[2]), schedule,
+                              data_root, out)
     kind, _, rest = name.partition('_')
     if kind in ('mmdet', 'mmseg'):
-        start, _, ft_seed = rest.rpartition('_ft')
-        return finetune_row(store, kind, start, int(ft_seed), schedule, data_root, out)
+        frozen = rest.startswith('frozen_')
+        start, _, ft_seed = rest.removeprefix('frozen_').rpartition('_ft')
+        return finetune_row(store, kind, start, int(ft_seed), schedule, data_root, out,
+                            frozen)
     if kind == 'swin':
         return swin_row(store, rest.rpartition('_seed')[0], schedule, data_root, out)
     variant, _, seed = name.rpartition('_seed')
@@ -419,19 +513,24 @@ def mean_std(values: List[float], digits: int = 1) -> str:
     return f'{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}'
 
 
-def make_summary(num_prototypes: int, raw: dict, random_init: List[dict],
+def make_summary(num_prototypes: int, image_views_per_run: int, raw: dict,
+                 random_init: List[dict], supervised: List[dict],
                  rows: Dict[str, List[dict]], transfer: Optional[dict]) -> dict:
     guidance_keys = ('attention_on_object_share', 'candidates_on_object_share',
                      'masked_on_object_share')
     summary = dict(
         ln_k=math.log(num_prototypes),
+        image_views_per_run=image_views_per_run,
         knn_top1=dict(raw_pixels=raw['knn_top1'],
                       random_init=[r['knn_top1'] for r in random_init],
+                      supervised=[r['knn_top1'] for r in supervised],
                       **{v: [r['knn_top1'] for r in runs] for v, runs in rows.items()}),
         linear_top1=dict(raw_pixels=raw['linear_top1'],
                          random_init=[r['linear_top1'] for r in random_init],
+                         supervised=[r['linear_top1'] for r in supervised],
                          **{v: [r['linear_top1'] for r in runs] for v, runs in rows.items()}),
         last_loss_dino={v: [r['loss_dino'] for r in runs] for v, runs in rows.items()},
+        knn_probe={v: [r['knn_probe'] for r in runs] for v, runs in rows.items()},
         guidance=dict(object_area_share=random_init[0]['object_area_share'],
                       **{v: {k: [r[k] for r in runs] for k in guidance_keys}
                          for v, runs in rows.items()}),
@@ -454,6 +553,9 @@ def format_table(summary: dict, seeds: Dict[str, int]) -> str:
                  '| - | - | - | - |')
     lines.append(f"| random init | {len(knn['random_init'])} | {mean_std(knn['random_init'])} "
                  f"| {mean_std(lin['random_init'])} | - | - | - | - |")
+    if knn.get('supervised'):   # the ceiling: the same ViT trained with labels
+        lines.append(f"| supervised | {len(knn['supervised'])} | {mean_std(knn['supervised'])} "
+                     f"| {mean_std(lin['supervised'])} | - | - | - | - |")
     for variant in VARIANTS:
         if variant not in summary['last_loss_dino']:
             continue
@@ -469,15 +571,18 @@ def format_table(summary: dict, seeds: Dict[str, int]) -> str:
         lines += ['', 'Transfer to the scenes: Mask R-CNN box / mask mAP (MaskSwin-nano) and '
                   'SETR-naive mIoU (ViT), mean ± std over fine-tune seeds.', '',
                   '| initialisation | box mAP | mask mAP | mIoU |', '| --- | --- | --- | --- |']
-        for start in TRANSFER_FROM:
-            det, seg = transfer['mmdet'][start], transfer['mmseg'][start]
-            lines.append(f"| {start} | {mean_std(det['bbox_mAP'], 3)} "
-                         f"| {mean_std(det['segm_mAP'], 3)} | {mean_std(seg['mIoU'], 2)} |")
+        # Fine-tuned, then (where the run has them) with the backbone frozen.
+        for suffix in ('', '_frozen'):
+            for start in TRANSFER_FROM if 'mmdet' + suffix in transfer else ():
+                det, seg = transfer['mmdet' + suffix][start], transfer['mmseg' + suffix][start]
+                lines.append(f"| {start}{', frozen backbone' if suffix else ''} "
+                             f"| {mean_std(det['bbox_mAP'], 3)} "
+                             f"| {mean_std(det['segm_mAP'], 3)} | {mean_std(seg['mIoU'], 2)} |")
     return '\n'.join(lines)
 
 
 # ---------------------------------------------------------------------------- pictures
-def write_pictures(rows: Dict[str, List[dict]], summary: dict, out: str,
+def write_pictures(rows: Dict[str, List[dict]], summary: dict, schedule: dict, out: str,
                    data_root: str) -> List[str]:
     from mst_mm.visualization import plot_dino_curves, read_scalars
     pictures = osp.join(out, 'pictures')
@@ -501,12 +606,27 @@ def write_pictures(rows: Dict[str, List[dict]], summary: dict, out: str,
                   for c in sorted(os.listdir(test))]
         # The model as this code names it (not the run's dumped config, which keeps the
         # registry names of the code that trained it).
+        cfg = pretrain_config(schedule['config'], 'mst_guided_mask', 0, dict(schedule, epochs=1),
+                              data_root, osp.dirname(guided[0]['checkpoint']), probe=False)
         with tempfile.TemporaryDirectory() as tmp:
-            config = osp.join(tmp, osp.basename(VIT_CONFIG))
-            pretrain_config(VIT_CONFIG, 'mst_guided_mask', 0, dict(epochs=1), data_root,
-                            osp.dirname(guided[0]['checkpoint']), probe=False).dump(config)
+            config = osp.join(tmp, osp.basename(schedule['config']))
+            cfg.dump(config)
             written.append(tool.main([config, guided[0]['checkpoint'], *images, '--out-dir',
                                       pictures, '--grid', '--size', '96'])[-1])
+        # The README's picture: four of those rows over every variant's k-NN probe curves.
+        from mst_mm.visualization import mst_picture_row, plot_evidence_figure
+        model = build_model(cfg, guided[0]['checkpoint'], 0)
+        grid = [mst_picture_row(model, tool.load_image(path, 96, model),
+                                torch.Generator().manual_seed(i),
+                                label=osp.basename(osp.dirname(path)))
+                for i, path in enumerate(images[:4])]
+        knn = summary['knn_top1']
+        references = {'raw pixels': knn['raw_pixels'],
+                      'random init': statistics.mean(knn['random_init'])}
+        if knn.get('supervised'):
+            references['supervised'] = statistics.mean(knn['supervised'])
+        written.append(plot_evidence_figure(grid, summary['knn_probe'], references,
+                                            osp.join(pictures, 'evidence.png')))
     return written
 
 
@@ -561,10 +681,14 @@ def main(argv=None) -> dict:
     schedule = dict(SCHEDULES['quick' if args.quick else 'full'])
     schedule['seeds'] = {v: args.seeds or schedule['seeds'][v] for v in args.variants}
     schedule['batch_size'] = args.batch_size
-    schedule['epochs'] = args.epochs or schedule['epochs']
+    schedule['config'] = osp.abspath(args.config)
+    schedule['epochs'] = (args.epochs or schedule['epochs']
+                          or Config.fromfile(args.config).train_cfg.max_epochs)
+    schedule.update(validation=args.validation, probe_interval=args.probe_interval,
+                    cfg_options=args.cfg_options)
     out = args.out or ('work_dirs/evidence_quick' if args.quick else 'work_dirs/evidence')
     data_root = prepare_data(args.data_root, transfer=not args.skip_transfer)
-    probe = Probe(data_root)
+    probe = Probe(data_root, validation=args.validation)
     if args.only:
         return rerun_row(args.only, probe, schedule, data_root, out)
 
@@ -578,20 +702,25 @@ def main(argv=None) -> dict:
         run_lanes(plan_units(schedule, not args.skip_transfer), args.jobs, argv, store, out)
     raw = store.get('raw_pixels', probe.raw_pixels)
     max_seeds = max(schedule['seeds'].values())
-    random_init = [random_init_row(store, probe, s, data_root, out) for s in range(max_seeds)]
+    random_init = [random_init_row(store, probe, s, schedule, data_root, out)
+                   for s in range(max_seeds)]
     rows = {v: [pretrained_row(store, probe, v, s, schedule, data_root, out,
                                guidance_curve=s == 0)
                 for s in range(n)]
             for v, n in schedule['seeds'].items()}
     transfer = None if args.skip_transfer else transfer_rows(store, schedule, data_root, out)
-    num_prototypes = Config.fromfile(VIT_CONFIG).model.head.out_channels
-    summary = make_summary(num_prototypes, raw, random_init, rows, transfer)
+    num_prototypes = Config.fromfile(schedule['config']).model.head.out_channels
+    image_views = schedule['epochs'] * len(split_indices(data_root, schedule)[0])
+    supervised = [supervised_row(store, probe, s, schedule, data_root, out)
+                  for s in range(schedule['supervised_seeds'])]
+    summary = make_summary(num_prototypes, image_views, raw, random_init, supervised, rows,
+                           transfer)
     with open(osp.join(out, 'summary.json'), 'w') as f:
         json.dump(summary, f, indent=2)
     table = format_table(summary, schedule['seeds'])
     with open(osp.join(out, 'evidence_table.md'), 'w') as f:
         f.write(table + '\n')
-    pictures = write_pictures(rows, summary, out, data_root)
+    pictures = write_pictures(rows, summary, schedule, out, data_root)
     print('\n' + table)
     print(f"\nsummary: {osp.join(out, 'summary.json')}\npictures: {', '.join(pictures)}")
     return summary

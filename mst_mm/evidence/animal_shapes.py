@@ -67,6 +67,17 @@ def stratified_split(labels: np.ndarray, test_per_class: int = 200,
     return np.setdiff1d(np.arange(len(labels)), test_idx), test_idx
 
 
+# Recipes are chosen on a validation split carved from the training images, so that the
+# test images reported in the tables are never looked at while choosing.
+VAL_PER_CLASS, VAL_SEED = 100, 1
+
+
+def validation_split(train_labels: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """Sorted indices of (fit, val) within the training images: ``VAL_PER_CLASS`` of every
+    class held out for validation, drawn with another seed than the test split's."""
+    return stratified_split(np.asarray(train_labels), VAL_PER_CLASS, VAL_SEED)
+
+
 def _resize_bilinear(img: np.ndarray, height: int, width: int) -> np.ndarray:
     """Bilinear resize of a 2-D float array (pixel centres aligned)."""
     h, w = img.shape

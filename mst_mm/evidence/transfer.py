@@ -53,6 +53,33 @@ class PretrainedBackboneCheck(Hook):
                   f'init ({self.source}).', logger='current')
 
 
+class FrozenBackbone(Hook):
+    """Keeps the backbone as initialised while the neck and heads train: its parameters stop
+    requiring grad and it is put in eval mode before every train iteration.
+
+    Exact: ``before_train`` runs after the runner built the optimizer (which still holds the
+    backbone's parameters), but before the first backward, so those parameters never get a
+    ``.grad`` and AdamW / SGD skip parameters whose grad is None, weight decay included. Eval
+    mode turns drop path and dropout off (the features are a fixed function of the image);
+    ``IterBasedTrainLoop`` calls ``model.train()`` before every iteration, hence
+    ``before_train_iter``. Not for ``MMDistributedDataParallel`` without
+    ``find_unused_parameters``: it was wrapped while the backbone still required grad.
+    (``paramwise_cfg`` with ``lr_mult=0`` on ``'backbone'`` would still compute the backbone's
+    grads, and lose to the configs' longer custom keys, e.g. ``relative_position_bias_table``
+    and ``pos_embed``, whose parameters would go on training.)
+    """
+
+    def before_train(self, runner) -> None:
+        backbone = get_ori_model(runner.model).backbone
+        backbone.requires_grad_(False)
+        print_log(f'Frozen backbone: the {sum(p.numel() for p in backbone.parameters())} '
+                  f'parameters of the {type(backbone).__name__} stay as initialised and it '
+                  'runs in eval mode; only the neck and heads train.', logger='current')
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        get_ori_model(runner.model).backbone.eval()
+
+
 class LastValMetrics(Hook):
     """Keeps the metrics of the last validation (the one at the end of training)."""
     priority = 'LOWEST'
@@ -101,9 +128,15 @@ def _point_at_scenes(cfg: Config, scenes_root: str) -> None:
 
 
 def finetune(config_path: str, checkpoint: Optional[str], work_dir: str, scenes_root: str,
-             seed: int, target: str, options: Optional[dict] = None) -> Dict[str, float]:
+             seed: int, target: str, options: Optional[dict] = None,
+             frozen_backbone: bool = False) -> Dict[str, float]:
     """Fine-tune ``config_path`` on ``scenes_root`` from ``checkpoint``'s EMA teacher backbone
     (None: random init) with ``randomness=dict(seed=seed)``, and validate at the end.
+
+    ``frozen_backbone``: the backbone keeps its initial weights (the converted teacher, or the
+    random init) and runs in eval mode, and only the neck and heads train
+    (:class:`FrozenBackbone`): the metrics then show what the features themselves carry,
+    which full fine-tuning can make up for or wash out.
 
     ``options`` are merged into the config; a changed ``train_cfg.max_iters`` rescales the
     iteration-based schedulers. Returns plain floats: ``'mmdet'``: ``bbox_mAP`` and
@@ -135,6 +168,8 @@ def finetune(config_path: str, checkpoint: Optional[str], work_dir: str, scenes_
     os.makedirs(work_dir, exist_ok=True)
 
     hooks = [LastValMetrics()]
+    if frozen_backbone:
+        hooks.append(FrozenBackbone())
     if checkpoint is None:
         cfg.model.backbone.init_cfg = None
     else:

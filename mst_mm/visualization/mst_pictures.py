@@ -169,9 +169,21 @@ def render_rows(rows: List[Dict[str, np.ndarray]], max_heads: int = 6,
     return picture
 
 
+def column_titles(rows: List[Dict[str, np.ndarray]], max_heads: int = 6) -> List[str]:
+    """The titles of the picture columns :func:`draw_rows` draws (its colour bar aside)."""
+    heads = min(max_heads, rows[0]['attn_heads'].shape[0])
+    num, p = rows[0].get('num'), rows[0].get('p')
+    rule = f' (num={num}, p={p})' if num is not None else ''
+    titles = (['input', 'attention, mean\nof heads'] + [f'head {h}' for h in range(heads)]
+              + ['attention-guided\nmask' + rule, 'random mask\n(same p)'])
+    if any('reconstruction' in row for row in rows):
+        titles.append('reconstruction\n(guided mask)')
+    return titles
+
+
 def draw_rows(rows: List[Dict[str, np.ndarray]], max_heads: int = 6,
               labels: Optional[Sequence[Optional[str]]] = None,
-              panel_inches: float = 1.5, dpi: int = 110):
+              panel_inches: float = 1.5, dpi: int = 110, fig=None):
     """The matplotlib figure of :func:`render_rows`, one row per image.
 
     Columns: the input; the mean and per-head attention laid over the grey image, on one
@@ -188,9 +200,11 @@ def draw_rows(rows: List[Dict[str, np.ndarray]], max_heads: int = 6,
             left of the row; defaults to each row's ``label``.
         panel_inches (float): Width of one panel. Defaults to 1.5.
         dpi (int): Resolution. Defaults to 110.
+        fig (matplotlib.figure.Figure | SubFigure, optional): Draw into it (e.g. a part
+            of a larger figure, sized by the caller) instead of into a new figure.
 
     Returns:
-        matplotlib.figure.Figure: Close it with ``plt.close`` when done.
+        matplotlib.figure.Figure: ``fig`` or the new figure; close it with ``plt.close``.
     """
     import matplotlib
     matplotlib.use('Agg')
@@ -201,19 +215,14 @@ def draw_rows(rows: List[Dict[str, np.ndarray]], max_heads: int = 6,
     if len(labels) != len(rows):
         raise ValueError(f'{len(labels)} labels for {len(rows)} rows.')
     heads = min(max_heads, rows[0]['attn_heads'].shape[0])
-    has_reconstruction = any('reconstruction' in row for row in rows)
-    num, p = rows[0].get('num'), rows[0].get('p')
-    rule = f' (num={num}, p={p})' if num is not None else ''
-    titles = (['input', 'attention, mean\nof heads'] + [f'head {h}' for h in range(heads)]
-              + ['attention-guided\nmask' + rule, 'random mask\n(same p)'])
-    if has_reconstruction:
-        titles.append('reconstruction\n(guided mask)')
+    titles = column_titles(rows, max_heads)
     attn_columns = range(1, 2 + heads)
     width_ratios = [1] * len(titles) + [0.07]
-    fig, axes = plt.subplots(
-        len(rows), len(titles) + 1, squeeze=False, dpi=dpi,
-        gridspec_kw=dict(width_ratios=width_ratios, wspace=0.06, hspace=0.12),
-        figsize=(panel_inches * (len(titles) + 0.5), panel_inches * len(rows) + 0.9))
+    if fig is None:
+        fig = plt.figure(dpi=dpi, figsize=(panel_inches * (len(titles) + 0.5),
+                                           panel_inches * len(rows) + 0.9))
+    axes = fig.subplots(len(rows), len(titles) + 1, squeeze=False, gridspec_kw=dict(
+        width_ratios=width_ratios, wspace=0.06, hspace=0.12))
     linewidth = max(1.5, 2.2 * panel_inches)  # points; thick enough to survive shrinking
     for r, row in enumerate(rows):
         image = row['image']
@@ -254,8 +263,9 @@ def draw_rows(rows: List[Dict[str, np.ndarray]], max_heads: int = 6,
               label='candidate, not masked: among the 1/num patches the teacher attends '
                     'least'),
     ], loc='lower center', ncol=2, fontsize=7, frameon=False)
-    fig.subplots_adjust(left=0.04, right=0.95, top=1 - 0.45 / fig.get_figheight(),
-                        bottom=0.35 / fig.get_figheight())
+    width, height = fig.bbox.width / fig.dpi, fig.bbox.height / fig.dpi  # inches
+    fig.subplots_adjust(left=0.04, right=min(0.95, 1 - 0.7 / width), top=1 - 0.45 / height,
+                        bottom=0.35 / height)
     for r in range(len(rows)):  # each colour bar as tall as its row's (square) panels
         panel = axes[r, 1]
         panel.apply_aspect()
