@@ -93,8 +93,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--variants', default=','.join(VARIANTS),
                         help='comma-separated variants to pretrain (default: all four)')
     parser.add_argument('--seeds', type=int, default=None,
-                        help='seeds of every variant (default: the schedule\'s, 3 for dino '
-                        'and mst_guided_mask, 2 for the others)')
+                        help='seeds of every variant and of the supervised row (default: the '
+                        'schedule\'s, 3 for dino and mst_guided_mask, 2 for the others)')
     parser.add_argument('--epochs', type=int, default=None,
                         help='pretraining epochs of every run (default: 6, the config\'s; '
                         '1 with --quick); the schedule is scaled to them')
@@ -680,6 +680,7 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     schedule = dict(SCHEDULES['quick' if args.quick else 'full'])
     schedule['seeds'] = {v: args.seeds or schedule['seeds'][v] for v in args.variants}
+    schedule['supervised_seeds'] = args.seeds or schedule['supervised_seeds']
     schedule['batch_size'] = args.batch_size
     schedule['config'] = osp.abspath(args.config)
     schedule['epochs'] = (args.epochs or schedule['epochs']
