@@ -199,11 +199,13 @@ def _save_png(array: np.ndarray, path: str) -> None:
     Image.fromarray(array).save(path)
 
 
-def _stamp_matches(stamp: str, settings: dict) -> bool:
+def _written_with(stamp: str, settings: dict) -> Optional[dict]:
+    """The summary in ``stamp`` if a folder was written there with these settings, else None."""
     if not osp.isfile(stamp):
-        return False
+        return None
     with open(stamp) as f:
-        return json.load(f).get('settings') == settings
+        summary = json.load(f)
+    return summary if summary.get('settings') == settings else None
 
 
 def write_object_images(out: str, canvas: int = 32, test_per_class: int = 200,
@@ -217,9 +219,9 @@ def write_object_images(out: str, canvas: int = 32, test_per_class: int = 200,
     settings = dict(version=RENDER_VERSION, canvas=canvas, test_per_class=test_per_class,
                     seed=seed, kind='objects')
     stamp = osp.join(out, 'dataset.json')
-    if _stamp_matches(stamp, settings):
-        with open(stamp) as f:
-            return json.load(f)
+    written = _written_with(stamp, settings)
+    if written:
+        return written
     silhouettes, labels = load_silhouettes(package_dir)
     summary = dict(settings=settings, classes=list(CLASSES))
     for split, indices in zip(('train', 'test'), stratified_split(labels, test_per_class, seed)):
@@ -260,9 +262,9 @@ def write_scenes(out: str, train_scenes: int = 400, val_scenes: int = 100, size:
                     size=size, max_objects=max_objects, test_per_class=test_per_class,
                     seed=seed, kind='scenes')
     stamp = osp.join(out, 'dataset.json')
-    if _stamp_matches(stamp, settings):
-        with open(stamp) as f:
-            return json.load(f)
+    written = _written_with(stamp, settings)
+    if written:
+        return written
     silhouettes, labels = load_silhouettes(package_dir)
     pools = dict(zip(('train', 'val'), stratified_split(labels, test_per_class, seed)))
     categories = [dict(id=i + 1, name=name) for i, name in enumerate(CLASSES)]
