@@ -146,3 +146,38 @@ def test_an_exception_on_one_rank_ends_both_processes(tmp_path):
     assert elapsed < 180, f'took {elapsed:.0f} s'
     leftover = subprocess.run(['pgrep', '-f', str(config)], capture_output=True, text=True)
     assert leftover.stdout.strip() == '', 'a rank outlived the failure'
+
+
+def test_run_tool_frees_reference_cycles_before_it_destroys_the_process_group():
+    """A runner lives in reference cycles, and its DDP reducer holds the gloo group; run_tool
+    frees them before destroying the group, not in the interpreter's teardown (where gloo can
+    abort a finished run). Automatic collection is off, so only run_tool can free the cycle."""
+    script = f'''
+import gc, weakref
+import torch
+import torch.distributed as dist
+from mst_mm.engine.cli import run_tool
+gc.disable()
+dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', rank=0,
+                        world_size=1)
+refs, destroy = [], dist.destroy_process_group
+def checked_destroy():
+    print('model alive at destroy:', refs[0]() is not None)
+    destroy()
+dist.destroy_process_group = checked_destroy
+def main():
+    class Runner:
+        pass
+    runner = Runner()
+    runner.me = runner
+    runner.model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    refs.append(weakref.ref(runner.model))
+run_tool(main)
+print('group left:', dist.is_initialized())
+'''
+    result = subprocess.run([sys.executable, '-c', script], cwd=REPO, capture_output=True,
+                            text=True, timeout=120,
+                            env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS='1'))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert 'model alive at destroy: False' in result.stdout, result.stdout
+    assert 'group left: False' in result.stdout, result.stdout

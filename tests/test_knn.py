@@ -222,6 +222,7 @@ def test_knn_eval_under_srun_evaluates_with_two_gloo_ranks(tmp_path):
         [config, str(ckpt), '--work-dir', str(tmp_path / 'w1'), *options])
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS='1', GPUS='2',
                GPUS_PER_NODE='2', MASTER_PORT=str(free_port()),
+               PYTHONFAULTHANDLER='1',  # a crash in a rank prints its Python stack
                PATH=os.pathsep.join([str(REPO / 'tests' / 'fake_slurm'),
                                      os.path.dirname(sys.executable), os.environ['PATH']]))
     cmd = ['srun', '-p', 'cpu', '--job-name=mst-knn', '--ntasks=2', '--ntasks-per-node=2',

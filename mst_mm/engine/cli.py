@@ -1,6 +1,7 @@
 """Our tools' command line: ``--cfg-options`` checked, with mmengine's semantics; clean errors."""
 import argparse
 import difflib
+import gc
 import glob
 import os.path as osp
 import re
@@ -149,5 +150,8 @@ def run_tool(main: Callable[[], Any]) -> None:
         raise SystemExit(2) from None
     if dist.is_available() and dist.is_initialized():
         # Left to teardown, gloo can abort a finished run; after an error a barrier would hang.
+        # The runner sits in reference cycles, and its DDP reducer holds the group: free them
+        # while the interpreter is alive, not in its teardown (a rare SIGABRT under srun).
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
