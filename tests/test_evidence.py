@@ -194,6 +194,20 @@ def test_the_units_are_planned_in_stages_and_balanced_over_lanes(evidence):
     assert evidence.split_lanes(['dino_seed0'], 2) == [['dino_seed0']]
 
 
+def test_the_supervised_seeds_follow_their_flag_then_seeds_then_the_schedule(evidence):
+    def supervised_seeds(*flags):
+        return evidence.make_schedule(evidence.parse_args(list(flags)))['supervised_seeds']
+
+    assert supervised_seeds() == evidence.SCHEDULES['full']['supervised_seeds'] == 2
+    assert supervised_seeds('--quick') == 1
+    assert supervised_seeds('--seeds', '3') == 3
+    assert supervised_seeds('--seeds', '3', '--supervised-seeds', '0') == 0
+    schedule = evidence.make_schedule(evidence.parse_args(['--supervised-seeds', '0']))
+    assert schedule['seeds']['dino'] == 3   # the variants keep the schedule's seeds
+    assert not any(name.startswith('supervised') for name in
+                   evidence.plan_units(schedule, transfer=False)[0])
+
+
 def test_a_frozen_transfer_unit_runs_the_frozen_fine_tune(evidence, monkeypatch):
     calls = []
     monkeypatch.setattr(evidence, 'finetune_row', lambda *args: calls.append(args))

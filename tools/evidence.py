@@ -95,6 +95,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--seeds', type=int, default=None,
                         help='seeds of every variant and of the supervised row (default: the '
                         'schedule\'s, 3 for dino and mst_guided_mask, 2 for the others)')
+    parser.add_argument('--supervised-seeds', type=int, default=None,
+                        help='seeds of the supervised row (default: --seeds, else the '
+                        'schedule\'s 2; 0 leaves the row out)')
     parser.add_argument('--epochs', type=int, default=None,
                         help='pretraining epochs of every run (default: 6, the config\'s; '
                         '1 with --quick); the schedule is scaled to them')
@@ -674,19 +677,26 @@ def prepare_data(data_root: Optional[str], transfer: bool) -> str:
     return data_root
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    import mst_mm  # noqa: F401
-    torch.set_num_threads(args.threads)
+def make_schedule(args: argparse.Namespace) -> dict:
+    """The run's schedule: the quick or full one, with the command line's choices."""
     schedule = dict(SCHEDULES['quick' if args.quick else 'full'])
     schedule['seeds'] = {v: args.seeds or schedule['seeds'][v] for v in args.variants}
-    schedule['supervised_seeds'] = args.seeds or schedule['supervised_seeds']
+    schedule['supervised_seeds'] = next(n for n in (
+        args.supervised_seeds, args.seeds, schedule['supervised_seeds']) if n is not None)
     schedule['batch_size'] = args.batch_size
     schedule['config'] = osp.abspath(args.config)
     schedule['epochs'] = (args.epochs or schedule['epochs']
                           or Config.fromfile(args.config).train_cfg.max_epochs)
     schedule.update(validation=args.validation, probe_interval=args.probe_interval,
                     cfg_options=args.cfg_options)
+    return schedule
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    import mst_mm  # noqa: F401
+    torch.set_num_threads(args.threads)
+    schedule = make_schedule(args)
     out = args.out or ('work_dirs/evidence_quick' if args.quick else 'work_dirs/evidence')
     data_root = prepare_data(args.data_root, transfer=not args.skip_transfer)
     probe = Probe(data_root, validation=args.validation)
