@@ -733,7 +733,11 @@ def main(argv=None) -> dict:
         f.write(table + '\n')
     pictures = write_pictures(rows, summary, schedule, out, data_root)
     print('\n' + table)
-    print(f"\nsummary: {osp.join(out, 'summary.json')}\npictures: {', '.join(pictures)}")
+    print(f"\nschedule: {schedule['epochs']} epochs of {image_views // schedule['epochs']:,} "
+          f"images ({image_views:,} image-views per run), "
+          f"{osp.relpath(schedule['config'], REPO)}; the committed runs' tables: README.md "
+          '(Results) and docs/evidence.md')
+    print(f"summary: {osp.join(out, 'summary.json')}\npictures: {', '.join(pictures)}")
     return summary
 
 
