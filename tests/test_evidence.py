@@ -179,13 +179,18 @@ def test_the_long_recipe_config_is_the_candidate_chosen_on_the_validation_split(
 
 def test_the_units_are_planned_in_stages_and_balanced_over_lanes(evidence):
     schedule = dict(seeds=dict(dino=3, mst_decoder=2, mst_random_mask=2, mst_guided_mask=3),
-                    supervised_seeds=2, finetune_seeds=2)
-    first, second = evidence.plan_units(schedule, transfer=True)
+                    supervised_seeds=2, finetune_seeds=2, transfer_targets=('mmdet', 'mmseg'))
+    first, second = evidence.plan_units(schedule)
     assert len(first) == 3 + 2 + 10 + 2 and len(second) == 24   # fine-tuned and frozen
     assert 'random_init_seed2' in first and 'swin_dino_seed0' in first
     assert 'supervised_seed1' in first and 'mmdet_random_init_ft1' in second
     assert 'mmseg_mst_guided_mask_ft0' in second and 'mmdet_frozen_dino_ft1' in second
-    assert evidence.plan_units(schedule, transfer=False) == [first[:15]]
+    assert evidence.plan_units({**schedule, 'transfer_targets': ()}) == [first[:15]]
+    # SETR alone fine-tunes the ViT checkpoints: no MaskSwin pretraining is planned for it.
+    seg_first, seg_second = evidence.plan_units({**schedule, 'transfer_targets': ('mmseg',)})
+    assert seg_first == first[:15]
+    assert seg_second == [name for name in second if name.startswith('mmseg')]
+    assert len(seg_second) == 12
     lanes = evidence.split_lanes(first, 2)
     assert sorted(sum(lanes, [])) == sorted(first)
     minutes = [sum(evidence.UNIT_MINUTES.get(n.split('_')[0], 10) for n in lane)
@@ -205,7 +210,7 @@ def test_the_supervised_seeds_follow_their_flag_then_seeds_then_the_schedule(evi
     schedule = evidence.make_schedule(evidence.parse_args(['--supervised-seeds', '0']))
     assert schedule['seeds']['dino'] == 3   # the variants keep the schedule's seeds
     assert not any(name.startswith('supervised') for name in
-                   evidence.plan_units(schedule, transfer=False)[0])
+                   evidence.plan_units(schedule)[0])
 
 
 def test_a_frozen_transfer_unit_runs_the_frozen_fine_tune(evidence, monkeypatch):
@@ -222,6 +227,11 @@ def test_bad_arguments_are_named(tmp_path, evidence):
         evidence.parse_args(['--variants', 'dino,mae'])
     with pytest.raises(SystemExit):   # transfer starts from dino and mst_guided_mask
         evidence.parse_args(['--variants', 'dino'])
+    with pytest.raises(SystemExit):
+        evidence.parse_args(['--transfer-targets', 'mmseg,coco'])
+    assert evidence.parse_args(['--transfer-targets', 'mmseg,mmdet']).transfer_targets == (
+        'mmdet', 'mmseg')
+    assert evidence.parse_args(['--variants', 'dino', '--skip-transfer']).transfer_targets == ()
     with pytest.raises(SystemExit, match='write_animal_shapes'):
         evidence.prepare_data(str(tmp_path), transfer=False)
 

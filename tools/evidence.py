@@ -62,6 +62,7 @@ VARIANTS = {
     'mst_guided_mask': dict(mask_cfg=dict(mode='attention', num=NUM, p=P)),
 }
 TRANSFER_FROM = ('random_init', 'dino', 'mst_guided_mask')
+TRANSFER_TARGETS = ('mmdet', 'mmseg')
 DEFAULT_DATA_ROOT = 'data/animal_shapes'
 KNN_K = 20
 SCHEDULES = {
@@ -103,6 +104,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         '1 with --quick); the schedule is scaled to them')
     parser.add_argument('--skip-transfer', action='store_true',
                         help='leave out the Mask R-CNN and SETR fine-tunes')
+    parser.add_argument('--transfer-targets', default=','.join(TRANSFER_TARGETS),
+                        help='the fine-tunes to run, of mmdet (Mask R-CNN, from MaskSwin '
+                        'pretrainings of their own) and mmseg (SETR, from the ViT '
+                        'checkpoints) (default: both)')
     parser.add_argument('--threads', type=int, default=1,
                         help='torch threads of the training process (default: 1; on 2 cores '
                         'the data workers use the other, and 2 threads thrash when anything '
@@ -134,7 +139,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown variant(s) {', '.join(unknown)}; choose from "
                      f"{', '.join(VARIANTS)}")
-    if not args.skip_transfer and not set(TRANSFER_FROM[1:]) <= set(args.variants):
+    targets = [t for t in args.transfer_targets.split(',') if t]
+    if not targets or set(targets) - set(TRANSFER_TARGETS):
+        parser.error(f'--transfer-targets takes {" and/or ".join(TRANSFER_TARGETS)}, comma '
+                     f'separated, not {args.transfer_targets!r}; to run no fine-tune, give '
+                     '--skip-transfer')
+    args.transfer_targets = () if args.skip_transfer else tuple(
+        t for t in TRANSFER_TARGETS if t in targets)
+    if args.transfer_targets and not set(TRANSFER_FROM[1:]) <= set(args.variants):
         parser.error('the transfer rows start from dino and mst_guided_mask: keep both in '
                      '--variants, or add --skip-transfer')
     return args
@@ -416,13 +428,15 @@ def finetune_row(store: Store, target: str, start: str, ft_seed: int, schedule: 
 
 
 def transfer_rows(store: Store, schedule: dict, data_root: str, out: str) -> dict:
-    """Every fine-tune, from the stored random-init, DINO and MST-guided seed-0 rows."""
-    for variant in TRANSFER_FROM[1:]:
-        swin_row(store, variant, schedule, data_root, out)
-    result = {f'{target}{suffix}': {} for suffix in ('', '_frozen')
-              for target in ('mmdet', 'mmseg')}
+    """Every fine-tune of the schedule's targets, from the stored random-init, DINO and
+    MST-guided seed-0 rows."""
+    targets = schedule['transfer_targets']
+    if 'mmdet' in targets:
+        for variant in TRANSFER_FROM[1:]:
+            swin_row(store, variant, schedule, data_root, out)
+    result = {f'{target}{suffix}': {} for suffix in ('', '_frozen') for target in targets}
     for start in TRANSFER_FROM:
-        for target in ('mmdet', 'mmseg'):
+        for target in targets:
             for frozen in (False, True):
                 runs = [finetune_row(store, target, start, ft_seed, schedule, data_root, out,
                                      frozen)
@@ -437,18 +451,20 @@ def transfer_rows(store: Store, schedule: dict, data_root: str, out: str) -> dic
 UNIT_MINUTES = dict(random=1, supervised=3, swin=12, mmdet=4, mmseg=3, vit=10)
 
 
-def plan_units(schedule: dict, transfer: bool) -> List[List[str]]:
+def plan_units(schedule: dict) -> List[List[str]]:
     """The run's units in stages: the units of a stage are independent of each other, and
     the fine-tunes of the second start from checkpoints of the first."""
     seeds = schedule['seeds']
     first = [f'random_init_seed{s}' for s in range(max(seeds.values()))]
     first += [f'supervised_seed{s}' for s in range(schedule['supervised_seeds'])]
     first += [f'{v}_seed{s}' for v, n in seeds.items() for s in range(n)]
-    if not transfer:
+    targets = schedule['transfer_targets']
+    if not targets:
         return [first]
-    first += [f'swin_{v}_seed0' for v in TRANSFER_FROM[1:]]
+    if 'mmdet' in targets:
+        first += [f'swin_{v}_seed0' for v in TRANSFER_FROM[1:]]
     return [first, [f'{target}{frozen}_{start}_ft{s}' for start in TRANSFER_FROM
-                    for target in ('mmdet', 'mmseg') for frozen in ('', '_frozen')
+                    for target in targets for frozen in ('', '_frozen')
                     for s in range(schedule['finetune_seeds'])]]
 
 
@@ -574,13 +590,19 @@ def format_table(summary: dict, seeds: Dict[str, int]) -> str:
         lines += ['', 'Transfer to the scenes: Mask R-CNN box / mask mAP (MaskSwin-nano) and '
                   'SETR-naive mIoU (ViT), mean ± std over fine-tune seeds.', '',
                   '| initialisation | box mAP | mask mAP | mIoU |', '| --- | --- | --- | --- |']
-        # Fine-tuned, then (where the run has them) with the backbone frozen.
+        # Fine-tuned, then (where the run has them) with the backbone frozen; a target the
+        # run left out (--transfer-targets) shows as '-'.
         for suffix in ('', '_frozen'):
-            for start in TRANSFER_FROM if 'mmdet' + suffix in transfer else ():
-                det, seg = transfer['mmdet' + suffix][start], transfer['mmseg' + suffix][start]
-                lines.append(f"| {start}{', frozen backbone' if suffix else ''} "
-                             f"| {mean_std(det['bbox_mAP'], 3)} "
-                             f"| {mean_std(det['segm_mAP'], 3)} | {mean_std(seg['mIoU'], 2)} |")
+            if not any(target + suffix in transfer for target in TRANSFER_TARGETS):
+                continue
+            for start in TRANSFER_FROM:
+                det = transfer.get('mmdet' + suffix, {}).get(start)
+                seg = transfer.get('mmseg' + suffix, {}).get(start)
+                cells = [mean_std(det['bbox_mAP'], 3), mean_std(det['segm_mAP'], 3)] if det \
+                    else ['-', '-']
+                cells.append(mean_std(seg['mIoU'], 2) if seg else '-')
+                lines.append(f"| {start}{', frozen backbone' if suffix else ''} | "
+                             + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
 
 
@@ -687,7 +709,8 @@ def make_schedule(args: argparse.Namespace) -> dict:
     schedule['config'] = osp.abspath(args.config)
     schedule['epochs'] = (args.epochs or schedule['epochs']
                           or Config.fromfile(args.config).train_cfg.max_epochs)
-    schedule.update(validation=args.validation, probe_interval=args.probe_interval,
+    schedule.update(transfer_targets=args.transfer_targets, validation=args.validation,
+                    probe_interval=args.probe_interval,
                     cfg_options=args.cfg_options)
     return schedule
 
@@ -698,7 +721,7 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     schedule = make_schedule(args)
     out = args.out or ('work_dirs/evidence_quick' if args.quick else 'work_dirs/evidence')
-    data_root = prepare_data(args.data_root, transfer=not args.skip_transfer)
+    data_root = prepare_data(args.data_root, transfer=bool(args.transfer_targets))
     probe = Probe(data_root, validation=args.validation)
     if args.only:
         return rerun_row(args.only, probe, schedule, data_root, out)
@@ -710,7 +733,7 @@ def main(argv=None) -> dict:
         return {}
     if args.jobs > 1:
         argv = sys.argv[1:] if argv is None else list(argv)
-        run_lanes(plan_units(schedule, not args.skip_transfer), args.jobs, argv, store, out)
+        run_lanes(plan_units(schedule), args.jobs, argv, store, out)
     raw = store.get('raw_pixels', probe.raw_pixels)
     max_seeds = max(schedule['seeds'].values())
     random_init = [random_init_row(store, probe, s, schedule, data_root, out)
@@ -719,7 +742,8 @@ def main(argv=None) -> dict:
                                guidance_curve=s == 0)
                 for s in range(n)]
             for v, n in schedule['seeds'].items()}
-    transfer = None if args.skip_transfer else transfer_rows(store, schedule, data_root, out)
+    transfer = (transfer_rows(store, schedule, data_root, out)
+                if schedule['transfer_targets'] else None)
     num_prototypes = Config.fromfile(schedule['config']).model.head.out_channels
     image_views = schedule['epochs'] * len(split_indices(data_root, schedule)[0])
     supervised = [supervised_row(store, probe, s, schedule, data_root, out)
