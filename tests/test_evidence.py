@@ -236,6 +236,15 @@ def test_bad_arguments_are_named(tmp_path, evidence):
         evidence.prepare_data(str(tmp_path), transfer=False)
 
 
+def assert_table_rows_in(table: str, text: str, count: int) -> None:
+    """The tool's table has ``count`` rows (the header, then one per start or variant), and
+    ``text`` holds each of them verbatim."""
+    rows = [line for line in table.splitlines() if line.startswith('| ') and '---' not in line]
+    assert len(rows) == count
+    for line in rows:
+        assert line in text, line
+
+
 def test_the_docs_state_the_committed_full_run_digit_for_digit(evidence):
     """docs/results/evidence_summary.json is the 6-epoch full run's summary: docs/evidence.md
     shows its tables as the tool renders them, line for line."""
@@ -245,13 +254,10 @@ def test_the_docs_state_the_committed_full_run_digit_for_digit(evidence):
     seeds = {v: len(summary['knn_top1'][v]) for v in evidence.VARIANTS}
     assert seeds['dino'] >= 3 and seeds['mst_guided_mask'] >= 3
     assert min(seeds.values()) >= 2
-    table = evidence.format_table(summary, seeds).split('Transfer to the scenes')
+    pretrained, transfer = evidence.format_table(summary, seeds).split('Transfer to the scenes')
     docs = (REPO / 'docs/evidence.md').read_text()
-    for part, count in ((table[0], 1 + 2 + 4), (table[1], 1 + 3)):
-        rows = [line for line in part.splitlines() if line.startswith('| ') and '---' not in line]
-        assert len(rows) == count
-        for line in rows:
-            assert line in docs, line
+    assert_table_rows_in(pretrained, docs, 1 + 2 + 4)
+    assert_table_rows_in(transfer, docs, 1 + 3)
 
 
 def test_the_readme_states_the_committed_50_epoch_run_digit_for_digit(evidence):
@@ -271,11 +277,8 @@ def test_the_readme_states_the_committed_50_epoch_run_digit_for_digit(evidence):
                for runs in part.values())
     readme = (REPO / 'README.md').read_text()
     pretrained, transfer = evidence.format_table(summary, seeds).split('Transfer to the scenes')
-    for part, count in ((pretrained, 1 + 7), (transfer, 1 + 6)):
-        rows = [line for line in part.splitlines() if line.startswith('| ') and '---' not in line]
-        assert len(rows) == count   # the header, then one row per start or variant
-        for line in rows:
-            assert line in readme, line
+    assert_table_rows_in(pretrained, readme, 1 + 7)
+    assert_table_rows_in(transfer, readme, 1 + 6)
     # Mask R-CNN did not run from these checkpoints: its cells are empty, not zero.
     assert '| dino, frozen backbone | - | - | 13.' in transfer
     assert 'docs/results/evidence_50e/evidence.png' in readme
