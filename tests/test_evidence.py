@@ -262,8 +262,8 @@ def test_the_docs_state_the_committed_full_run_digit_for_digit(evidence):
 
 def test_the_readme_states_the_committed_50_epoch_run_digit_for_digit(evidence):
     """docs/results/evidence_50e/summary.json is the run at the long recipe (every variant, DINO
-    and MST-guided with 3 seeds, the supervised ceiling, SETR fine-tuned and frozen); the README
-    shows its tables as the tool prints them."""
+    and MST-guided with 3 seeds, the supervised ceiling, Mask R-CNN and SETR fine-tuned and
+    frozen); the README shows its tables as the tool prints them."""
     from tests.helpers import REPO
     summary = json.loads((REPO / 'docs/results/evidence_50e/summary.json').read_text())
     assert summary['image_views_per_run'] >= 400_000
@@ -272,13 +272,13 @@ def test_the_readme_states_the_committed_50_epoch_run_digit_for_digit(evidence):
     seeds = {v: len(summary['knn_top1'][v]) for v in evidence.VARIANTS}
     assert min(seeds['dino'], seeds['mst_guided_mask']) >= 3 and min(seeds.values()) >= 2
     assert all(len(curve) == 26 for runs in summary['knn_probe'].values() for curve in runs)
-    assert set(summary['transfer']) == {'mmseg', 'mmseg_frozen'}
-    assert all(len(runs['mIoU']) == 2 for part in summary['transfer'].values()
-               for runs in part.values())
+    assert set(summary['transfer']) == {'mmdet', 'mmdet_frozen', 'mmseg', 'mmseg_frozen'}
+    assert all(len(values) == 2 for part in summary['transfer'].values()
+               for runs in part.values() for values in runs.values())
     readme = (REPO / 'README.md').read_text()
     pretrained, transfer = evidence.format_table(summary, seeds).split('Transfer to the scenes')
     assert_table_rows_in(pretrained, readme, 1 + 7)
     assert_table_rows_in(transfer, readme, 1 + 6)
-    # Mask R-CNN did not run from these checkpoints: its cells are empty, not zero.
-    assert '| dino, frozen backbone | - | - | 13.' in transfer
+    # Every start has both targets' numbers, fine-tuned and frozen: no cell is left out.
+    assert ' - |' not in transfer
     assert 'docs/results/evidence_50e/evidence.png' in readme
