@@ -57,15 +57,23 @@ class DeviceProbeHook(Hook):
 
         def recording(feats):
             mask = original(feats)
+            # What MST._mask computes the mask from: the teacher's CLS attention, or without
+            # it (random and no mask) the CLS feature that sizes the zeros. The teacher runs
+            # with with_patches=False, so feats.feat_map is None here.
+            source = feats.attn if feats.attn is not None else feats.global_feat
             self.mask = dict(device=str(mask.device), dtype=str(mask.dtype),
-                             attn_device=str(feats.feat_map.device))
+                             source='attn' if feats.attn is not None else 'global_feat',
+                             source_device=str(source.device))
             return mask
 
         model._mask = recording
 
     def _spy_neck(self, neck: nn.Module) -> None:
+        # The student's neck runs its MLP once per group of crops (DINONeck.forward_crops:
+        # the global crops with BN statistics updated, the local ones frozen), or once for
+        # all crops (forward); _mlp is where both paths pass, with the flag.
         norms = [m for m in neck.modules() if isinstance(m, _BatchNorm)]
-        original = neck.forward
+        original = neck._mlp
 
         def recording(x, update_bn_stats=True):
             before = [n.running_mean.clone() for n in norms]
@@ -76,7 +84,7 @@ class DeviceProbeHook(Hook):
                                   for b, n in zip(before, norms))))
             return out
 
-        neck.forward = recording
+        neck._mlp = recording
 
     def _spy_center_all_reduce(self) -> None:
         from mst_mm.models.heads import dino_head
@@ -87,6 +95,9 @@ class DeviceProbeHook(Hook):
             return original(data, *args, **kwargs)
 
         dino_head.all_reduce = recording
+        # A module global outlives the run: after_train puts it back, so that a run inside a
+        # test process (tests/test_gpu_probe_hooks.py) leaves no spy behind.
+        self._restore_all_reduce = lambda: setattr(dino_head, 'all_reduce', original)
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
         self.student_before = _checksum(get_ori_model(runner.model).backbone)
@@ -120,7 +131,8 @@ class DeviceProbeHook(Hook):
             param_devices=_devices(model.parameters()),
             buffer_devices=_devices(model.buffers()),
         )
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # A process group another test left open does not make this run distributed.
+        if wrapped is not model and torch.distributed.is_initialized():
             summary.update(backend=torch.distributed.get_backend(),
                            world_size=torch.distributed.get_world_size(),
                            find_unused_parameters=wrapped.find_unused_parameters)
@@ -138,6 +150,8 @@ class DeviceProbeHook(Hook):
                 center_device=str(model.head.center.device),
                 center_reduces=self.center_reduces, neck_calls=self.neck_calls,
                 norm_types=norm_types)
+        if getattr(self, '_restore_all_reduce', None) is not None:
+            self._restore_all_reduce()
         path = osp.join(runner.work_dir, f'device_probe_rank{get_rank()}.json')
         with open(path, 'w') as f:
             json.dump(summary, f, indent=1)

@@ -99,3 +99,76 @@ def test_cfg_options_add_new_keys_as_mmengine_does_and_name_them_in_a_warning():
         check_cfg_options(cfg, {'custom_hooks.9.start': 0.05})
     with pytest.raises(UserInputError, match=r'model.mask_cfg.p is 0.2 \(float\), not a dict'):
         check_cfg_options(cfg, {'model.mask_cfg.p.x': 1})
+
+
+def _suggested(config: str, checkpoint: str) -> str:
+    with pytest.raises(UserInputError) as refused:
+        check_test_config(Config.fromfile(str(REPO / config)), config, checkpoint)
+    return str(refused.value)
+
+
+def _width(backbone) -> int:
+    from mmpretrain.registry import MODELS
+    arch = backbone.arch
+    return arch.embed_dims if isinstance(arch, dict) else \
+        MODELS.get(backbone.type).arch_zoo[arch]['embed_dims']
+
+
+def test_the_demo_and_the_evidence_vit_each_get_the_knn_config_of_their_width():
+    """The 96-wide demo ViT and the 48-wide evidence ViT share the name vit-tiny."""
+    evidence = _suggested('configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py', 'C.pth')
+    assert 'knn/knn_vit-tiny-48_animals.py C.pth' in evidence
+    assert 'knn_vit-tiny_demo.py' not in evidence
+    demo = _suggested('configs/mst/mst_vit-tiny-p4_1xb64-coslr-10e_demo.py', 'C.pth')
+    assert 'knn/knn_vit-tiny_demo.py C.pth' in demo and '-48_' not in demo
+
+
+@pytest.mark.slow
+def test_every_suggested_knn_config_is_as_wide_as_the_pretraining_backbone():
+    """Every config under configs/mst/ is offered only k-NN configs that fit its backbone."""
+    import re
+    checked = 0
+    for path in sorted((REPO / 'configs' / 'mst').rglob('*.py')):
+        config = str(path.relative_to(REPO))
+        cfg = Config.fromfile(str(path))
+        for knn in re.findall(r'knn_eval\.py (\S+) C\.pth', _suggested(config, 'C.pth')):
+            assert _width(Config.fromfile(str(REPO / knn)).model.backbone) == _width(
+                cfg.model.backbone), (config, knn)
+            checked += 1
+    assert checked >= 10
+
+
+def test_the_suggested_knn_config_loads_the_evidence_checkpoint_and_the_width_is_read_from_it(
+        tmp_path):
+    import torch
+    from mmpretrain.registry import MODELS
+    evidence = 'configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py'
+    torch.manual_seed(0)
+    mst = MODELS.build(Config.fromfile(str(REPO / evidence)).model)
+    checkpoint = tmp_path / 'epoch_6.pth'
+    torch.save({'state_dict': mst.state_dict()}, checkpoint)
+    message = _suggested(evidence, str(checkpoint))
+    knn = 'configs/benchmarks/knn/knn_vit-tiny-48_animals.py'
+    assert f'knn_eval.py {knn} {checkpoint}' in message
+    assert message.count('knn_eval.py') == 1
+    knn_cfg = Config.fromfile(str(REPO / knn))
+    assert knn_cfg.test_dataloader.dataset.data_root == 'data/animal_shapes/objects/test'
+    embedder = MODELS.build(knn_cfg.model)
+    embedder.load_state_dict(mst.state_dict(), strict=True)   # every key, every shape
+    for name, value in embedder.backbone.state_dict().items():
+        torch.testing.assert_close(value, mst.teacher.module[0].state_dict()[name])
+    # A 96-wide (demo) checkpoint given with the 48-wide config: its own width decides.
+    demo = MODELS.build(Config.fromfile(DEMO_CONFIG).model)
+    torch.save({'state_dict': demo.state_dict()}, tmp_path / 'demo.pth')
+    message = _suggested(evidence, str(tmp_path / 'demo.pth'))
+    assert 'knn/knn_vit-tiny_demo.py' in message and '-48_' not in message
+
+
+def test_a_width_that_no_benchmark_config_has_is_said(tmp_path):
+    cfg = Config.fromfile(DEMO_CONFIG)
+    cfg.model.backbone.arch.embed_dims = 40
+    with pytest.raises(UserInputError) as refused:
+        check_test_config(cfg, 'configs/mst/mst_vit-tiny-p4_1xb64-coslr-10e_demo.py', 'C.pth')
+    assert ('none of the benchmark configs of this backbone is 40 wide; copy one and set its '
+            'embed_dims to 40') in str(refused.value)
+    assert 'knn_eval.py' not in str(refused.value)

@@ -12,7 +12,9 @@ from PIL import Image
 from mst_mm.models.utils.batch_multicrop import (
     BatchMultiCrop,
     MultiCropDataPreprocessor,
+    _blend,
     _jitter,
+    _rotate_hue,
     blur_weights,
     crop_boxes,
     resize_weights,
@@ -53,7 +55,7 @@ def test_blur_is_a_gaussian_convolution_with_extended_edges():
     gen = torch.Generator().manual_seed(0)
     sigma = torch.tensor([0.0, 0.3, 0.8, 2.0])
     image = torch.rand(4, 12, generator=gen)
-    ours = (blur_weights(sigma, 12) @ image[..., None])[..., 0]
+    ours = (blur_weights(sigma, 12, max_sigma=2.0) @ image[..., None])[..., 0]
     for i, s in enumerate(sigma.tolist()):
         if s == 0:
             torch.testing.assert_close(ours[i], image[i])
@@ -72,7 +74,8 @@ def test_each_colour_operation_matches_mmcvs_pillow_one(op, mmcv_op):
     factors = [0.6, 0.8, 1.2, 1.4, 0.7, 1.0, 1.3, 0.9]
     if mmcv_op == 'adjust_hue':
         factors = [-0.1, -0.05, 0.02, 0.1, 0.07, -0.08, 0.0, 0.04]
-    ours = _jitter(_as_tensor(images), torch.full((8, ), op), torch.tensor(factors))
+    ours = (_blend(_as_tensor(images), torch.full((8, ), op), torch.tensor(factors)) if op < 3
+            else _rotate_hue(_as_tensor(images), torch.tensor(factors)).round().clamp(0, 255))
     ours = ours.permute(0, 2, 3, 1).numpy()
     for i, (image, factor) in enumerate(zip(images, factors)):
         expected = getattr(mmcv, mmcv_op)(image, factor, backend='pillow')
@@ -87,8 +90,29 @@ def test_each_colour_operation_matches_mmcvs_pillow_one(op, mmcv_op):
 
 def test_no_op_leaves_the_images_unchanged():
     images = _as_tensor(_images(3))
-    out = _jitter(images.clone(), torch.full((3, ), -1), torch.tensor([1.4, 0.6, 0.1]))
+    out = _blend(images.clone(), torch.full((3, ), -1), torch.tensor([1.4, 0.6, 0.1]))
     assert torch.equal(out, images)
+    order, factors = torch.arange(4).repeat(3, 1), torch.tensor([[1.4, 0.6, 1.2, 0.1]] * 3)
+    assert torch.equal(_jitter(images.clone(), torch.zeros(3, dtype=torch.bool), order, factors),
+                       images)
+
+
+def test_jitter_applies_each_images_operations_in_its_own_order():
+    gen = torch.Generator().manual_seed(0)
+    images = _as_tensor(_images(24, seed=5))
+    jittered = torch.rand(24, generator=gen) < 0.8
+    order = torch.rand(24, 4, generator=gen).argsort(1)
+    factors = torch.stack([torch.empty(24).uniform_(0.6, 1.4, generator=gen),
+                           torch.empty(24).uniform_(0.6, 1.4, generator=gen),
+                           torch.empty(24).uniform_(0.8, 1.2, generator=gen),
+                           torch.empty(24).uniform_(-0.1, 0.1, generator=gen)], 1)
+    ours = _jitter(images.clone(), jittered, order, factors)
+    for i in range(24):     # one image at a time, one operation at a time, in its order
+        x = images[i:i + 1].clone()
+        for op in (order[i].tolist() if jittered[i] else []):
+            x = (_blend(x, torch.tensor([op]), factors[i, op:op + 1]) if op < 3 else
+                 _rotate_hue(x, factors[i, 3:]).round().clamp(0, 255))
+        assert torch.equal(ours[i:i + 1], x), i
 
 
 def test_crop_boxes_follow_mmpretrains_rule():
@@ -143,3 +167,94 @@ def test_the_preprocessor_crops_only_in_training_and_refuses_mixed_sizes():
     torch.testing.assert_close(plain, (images[:, [2, 1, 0]].float() - 127.5) / 64)
     with pytest.raises(ValueError, match='differ in size'):
         pre(dict(inputs=[images[0], images[1, :, :8]], data_samples=None), training=True)
+
+
+def test_flip_grey_and_solarise_match_the_per_image_operations():
+    from mmpretrain.datasets.transforms import RandomGrayscale
+
+    from mst_mm.models.utils.batch_multicrop import _flip, _grayscale, _solarize
+    images = _images(4)
+    chosen = torch.tensor([True, False, True, False])
+    grey = RandomGrayscale(prob=1.0, keep_channels=True, channel_weights=(0.114, 0.587, 0.2989))
+    per_image = {
+        _flip: lambda img: mmcv.imflip(img, 'horizontal'),
+        _grayscale: lambda img: grey(dict(img=img.copy()))['img'],
+        _solarize: lambda img: mmcv.solarize(img, thr=128),
+    }
+    for batched, reference in per_image.items():
+        ours = batched(_as_tensor(images), chosen).permute(0, 2, 3, 1).numpy()
+        for i, image in enumerate(images):
+            expected = reference(image) if chosen[i] else image
+            np.testing.assert_array_equal(ours[i], expected.astype(np.float32),
+                                          err_msg=f'{batched.__name__}, image {i}')
+
+
+def _worker_views(n: int, seed: int = 0) -> list:
+    """What the data workers hand over with MultiCrop(crops_only=True): uint8 views, per view
+    a (n, 3, h, w) batch, global views first."""
+    from mst_mm.datasets import MultiCrop
+    np.random.seed(seed)
+    crops = MultiCrop(global_size=32, local_size=16, num_local_crops=3, crops_only=True)
+    images = _images(n, size=48, seed=seed)
+    per_image = [crops(dict(img=image))['img'] for image in images]
+    return [torch.from_numpy(np.stack(views)).permute(0, 3, 1, 2).contiguous()
+            for views in zip(*per_image)]
+
+
+def test_view_augment_keeps_the_views_order_and_draws_per_view(monkeypatch):
+    from mst_mm.models.utils.batch_multicrop import BatchViewAugment
+    views = _worker_views(200)
+    assert [v.dtype for v in views] == [torch.uint8] * 5
+    augment = BatchViewAugment(blur_radius=(0.1, 0.5))
+    torch.manual_seed(0)
+    out = augment(views)
+    assert [tuple(v.shape) for v in out] == [(200, 3, 32, 32)] * 2 + [(200, 3, 16, 16)] * 3
+    for view in out:
+        assert view.min() >= 0 and view.max() <= 255 and torch.equal(view, view.round())
+    torch.manual_seed(0)
+    assert all(torch.equal(a, b) for a, b in zip(out, augment(views)))
+    # Two views cut alike still come out differently: each view draws its own parameters.
+    same_input = [views[0], views[0].clone()]
+    first, second = augment(same_input)
+    assert (first != second).flatten(1).any(1).float().mean() > 0.9
+    gray = torch.cat([(v[:, 0] == v[:, 1]).flatten(1).all(1) for v in out]).float()
+    assert 0.15 < gray.mean() < 0.25
+    # MultiCrop's probabilities per view: blur 1.0, 0.1 (globals), 0.5 (locals); solarise
+    # 0.2 on the second global view only.
+    seen = []
+    monkeypatch.setattr(BatchViewAugment, '_augment',
+                        lambda self, x, blur, solarize, may: seen.append((blur, solarize)) or x)
+    augment(views)
+    (global_blur, global_solarize), (local_blur, local_solarize) = seen
+    expected = torch.tensor([1.0] * 200 + [0.1] * 200)
+    assert torch.equal(global_blur, expected)
+    assert torch.equal(global_solarize, torch.tensor([0.0] * 200 + [0.2] * 200))
+    assert torch.equal(local_blur, torch.full((600, ), 0.5))
+    assert not local_solarize.any()
+
+
+def test_the_preprocessor_augments_worker_views_and_refuses_whole_images():
+    pre = MultiCropDataPreprocessor(
+        multi_crop=dict(type='BatchViewAugment'), mean=[127.5] * 3, std=[64.0] * 3,
+        to_rgb=True, non_blocking=True)
+    views = _worker_views(4)
+    out = pre(dict(inputs=views, data_samples=None), training=True)['inputs']
+    assert [tuple(v.shape) for v in out] == [(4, 3, 32, 32)] * 2 + [(4, 3, 16, 16)] * 3
+    assert all(v.dtype == torch.float32 and v.abs().max() <= 127.5 / 64 for v in out)
+    with pytest.raises(ValueError, match=r'MultiCrop\(crops_only=True\)'):
+        pre(dict(inputs=views[0], data_samples=None), training=True)
+
+
+def test_crops_only_gives_the_crops_of_the_full_pipeline_bit_for_bit():
+    from mst_mm.datasets import ContiguousRandomResizedCrop, MultiCrop
+    image = np.random.RandomState(3).randint(0, 256, (75, 100, 3), dtype=np.uint8)
+    crops = MultiCrop(global_size=32, local_size=16, num_local_crops=2, crops_only=True)
+    sizes_and_scales = [(32, (0.4, 1.0))] * 2 + [(16, (0.05, 0.4))] * 2
+    for seed in range(3):
+        np.random.seed(seed)
+        ours = crops(dict(img=image.copy()))['img']
+        np.random.seed(seed)
+        expected = [ContiguousRandomResizedCrop(scale=size, crop_ratio_range=scale,
+                                                interpolation='bicubic', backend='pillow')(
+                        dict(img=image.copy()))['img'] for size, scale in sizes_and_scales]
+        assert all(np.array_equal(a, b) for a, b in zip(ours, expected)), seed

@@ -227,7 +227,8 @@ def test_reference_dino_option_times_the_three_steps_from_the_clone(tool, known_
     assert result['images_per_second'] == pytest.approx(
         dict(reference_dino=2 / 2.6, dino_mode=2 / 2.0, mst=2 / 2.2))
     assert result['crops'] == '2 x 32 + 4 x 16 px' and result['out_channels'] == 1024
-    assert result['amp'] is False
+    assert result['amp'] is False and result['dtypes'] is None
+    assert result['peak_memory_gib'] == dict(reference_dino=None, dino_mode=None, mst=None)
     flops = result['gflops_per_image']
     assert flops['reference_dino'] > 0 and flops['mst'] > flops['dino_mode'] > 0  # + decoder
     row = '| 1 | 1.300 (1.000-1.500) | 1.182 (0.833-1.250) | 1.100 (1.100-1.200) | 0.25 |'
@@ -290,3 +291,86 @@ def test_published_speed_figures_are_the_committed_runs_as_the_tool_renders_them
             else:
                 row = tool.reference_summary_row(results, name)
                 assert f'| [{run.stem}](results/benchmarks/{run.stem}.json) {row}' in doc
+
+
+def test_dtypes_time_our_steps_once_per_autocast_dtype(tool):
+    assert tool.our_step_names(None) == dict(dino_mode=('dino', None), mst=('mst', None))
+    assert tool.our_step_names(['bfloat16', 'float16']) == dict(
+        dino_mode_bfloat16=('dino', 'bfloat16'), mst_bfloat16=('mst', 'bfloat16'),
+        dino_mode_float16=('dino', 'float16'), mst_float16=('mst', 'float16'))
+    assert tool.reference_ratios(None) == tool.REFERENCE_RATIOS
+    ratios = tool.reference_ratios(['bfloat16'])
+    assert ratios == dict(
+        dino_mode_speed_vs_reference_bfloat16=('reference_dino', 'dino_mode_bfloat16'),
+        mst_speed_vs_reference_bfloat16=('reference_dino', 'mst_bfloat16'),
+        mst_over_dino_mode_bfloat16=('mst_bfloat16', 'dino_mode_bfloat16'))
+    with pytest.raises(ValueError, match='--dtypes .* needs --reference-dino and AMP'):
+        tool.main(['--models', 'tiny', '--device', 'cpu', '--dtypes', 'bfloat16'])
+
+
+def test_state_bytes_counts_what_a_step_keeps_once(tool):
+    model = torch.nn.Linear(4, 3)                      # 12 + 3 float32
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()                                   # exp_avg, exp_avg_sq, step per param
+    inputs = torch.zeros(5)
+    view = inputs[1:]                                  # the same storage: counted once
+    expected = 4 * (15 + 15 + 2 * 15) + 2 * 4 + 4 * 5  # weights, grads, moments, steps, input
+    assert tool.state_bytes([model], [optimizer], [inputs, view]) == expected
+    assert tool.peak_memory_gib(lambda: None, expected, 'cpu') is None   # CUDA only
+
+
+def test_reference_table_names_each_steps_autocast_and_peak_memory(tool, capsys):
+    steps = ('reference_dino', 'dino_mode_bfloat16', 'mst_bfloat16')
+    result = dict(batch_size=128, crops='2 x 224 + 10 x 96 px', out_channels=65536, amp=True,
+                  dtypes=dict(dino_mode_bfloat16='bfloat16', mst_bfloat16='bfloat16'),
+                  step_seconds=dict(zip(steps, (0.5, 0.4, 0.45))),
+                  images_per_second=dict(zip(steps, (256.0, 320.0, 284.4))),
+                  gflops_per_image=dict(zip(steps, (60.0, 60.0, 70.0))),
+                  peak_memory_gib=dict(zip(steps, (20.0, 18.5, 21.25))),
+                  step_spread={s: dict(median=t, min=t, max=t) for s, t in
+                               zip(steps, (0.5, 0.4, 0.45))},
+                  usage_per_step={s: dict(user=1.0, system=0.1, minor_faults=10) for s in steps})
+    tool.print_reference_table(dict(peak_tflops=989.0, repeats=5, models={'deit-s': result}))
+    printed = capsys.readouterr().out
+    # speed against the reference 0.5 / 0.4; MFU 320 images/s x 60 GFLOP / 989 TFLOP/s
+    assert ('| dino_mode_bfloat16 | bfloat16 | 0.400 (0.400-0.400) | 1.250 | 320.0 | 60.0 '
+            '| 1.9% | 18.50 |') in printed
+    assert '| reference_dino | float16 | 0.500 (0.500-0.500) | 1.000 |' in printed
+    assert 'docs/benchmarks.md row' not in printed   # the docs' rows have no --dtypes
+
+
+def test_dtypes_build_and_time_our_steps_in_each_autocast_dtype(tool, tmp_path, monkeypatch):
+    """--dtypes on a GPU, here on the CPU: mmengine's AMP wrapper with its GPU assertion
+    lifted and torch's CPU GradScaler (as tests/test_amp_on_cpu.py does)."""
+    import functools
+
+    from mmengine.optim.optimizer import amp_optimizer_wrapper
+    monkeypatch.setattr(amp_optimizer_wrapper, 'is_cuda_available', lambda: True)
+    monkeypatch.setattr(amp_optimizer_wrapper, 'GradScaler',
+                        functools.partial(torch.amp.GradScaler, 'cpu'))
+
+    def one_call_each(fns, repeats, warmup, device):
+        for fn in fns.values():
+            fn()
+        return ({name: [1.0] for name in fns},
+                {name: [dict(user=1.0, system=0.0, minor_faults=1)] for name in fns})
+
+    monkeypatch.setattr(tool, 'interleaved_times', one_call_each)
+    variants = tool.load_variants(DEMO_CONFIG)
+    for dtype in ('bfloat16', 'float16'):
+        _, wrapper = tool.build_for_training(variants['mst'], 'cpu', amp=True, dtype=dtype)
+        assert wrapper.cast_dtype == getattr(torch, dtype)
+    # mmengine's CPU autocast takes bfloat16 only: one dtype here, named as on the GPU.
+    clone = stand_in_dino(tmp_path / 'dino')
+    result = tool.compare_with_reference(DEMO_CONFIG, str(clone), 2, 1, 0, 'cpu', True,
+                                         ['bfloat16'])
+    assert result['dtypes'] == dict(dino_mode_bfloat16='bfloat16', mst_bfloat16='bfloat16')
+    assert list(result['step_seconds']) == ['reference_dino', 'dino_mode_bfloat16',
+                                            'mst_bfloat16']
+    flops = result['gflops_per_image']
+    assert flops['mst_bfloat16'] > flops['dino_mode_bfloat16'] > 0   # + the decoder
+    assert result['mst_over_dino_mode_bfloat16'] == 1.0   # the stand-in timer's seconds
+    assert set(result['ratio_range_over_repetitions']) == {
+        'dino_mode_speed_bfloat16', 'mst_speed_bfloat16', 'mst_over_dino_mode_bfloat16'}
+    assert result['peak_memory_gib'] == dict.fromkeys(result['step_seconds'])  # CPU: None

@@ -29,3 +29,11 @@ def test_seed_changes_the_crops(tmp_path):
     write_photo_crops(str(tmp_path / 'b'), num_images=1, size=32, seed=1)
     a, b = (np.asarray(Image.open(tmp_path / d / '00000.jpg'), dtype=np.float32) for d in 'ab')
     assert np.abs(a - b).mean() > 1
+
+
+def test_imagenet_sized_crops_keep_the_photos_aspect(tmp_path):
+    summary = write_photo_crops(str(tmp_path), num_images=3, size=500, height=375)
+    assert summary['height'] == 375
+    for i in range(3):
+        with Image.open(tmp_path / f'{i:05d}.jpg') as img:
+            assert img.size == (500, 375)

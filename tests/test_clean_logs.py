@@ -1,5 +1,6 @@
-"""Logs that read cleanly: no optimiser warning per teacher parameter, the same parameter
-groups as mmengine's constructor; the scheduled weight decay and teacher momentum logged."""
+"""Logs that read cleanly: no optimiser warning per teacher parameter, mmengine's parameter
+groups merged where their settings are equal; the scheduled weight decay, the teacher momentum
+and the clipping's gradient statistics logged."""
 import math
 
 import pytest
@@ -23,13 +24,14 @@ def _groups(optim_wrapper) -> list:
             for g in optim_wrapper.optimizer.param_groups]
 
 
-def test_the_teacher_gives_no_optimiser_warnings_and_the_groups_stay_mmengines():
+def test_the_teacher_gives_no_optimiser_warnings_and_mmengines_equal_groups_are_merged():
     cfg = Config.fromfile(DEMO_CONFIG)
     torch.manual_seed(0)
     model = MODELS.build(cfg.model)
     assert cfg.optim_wrapper.constructor == 'StudentOptimWrapperConstructor'
     mmengines = cfg.optim_wrapper.copy()
     mmengines.constructor = 'DefaultOptimWrapperConstructor'
+    mmengines.pop('mixed_precision', None)  # our constructor's key, unknown to mmengine's
 
     with mmlogger_records() as default_records:
         default = build_optim_wrapper(model, mmengines)
@@ -43,16 +45,108 @@ def test_the_teacher_gives_no_optimiser_warnings_and_the_groups_stay_mmengines()
     assert all(m.startswith('teacher.') for m in skipped)
     assert not [r for r in our_records if 'requires_grad=False' in r.getMessage()]
 
-    # The same groups, in the same order, with the same settings; as plain dicts, where
-    # mmengine's are ConfigDicts, which torch.compile cannot trace (tests/test_compile.py).
-    assert _groups(ours) == _groups(default)
+    # mmengine: one group per parameter. Ours: one per distinct setting, in the order of
+    # first appearance, each parameter with mmengine's settings and in mmengine's order
+    # within its group; as plain dicts, where mmengine's are ConfigDicts, which
+    # torch.compile cannot trace (tests/test_compile.py).
+    theirs = _groups(default)
+    assert len(theirs) == sum(1 for p in model.parameters() if p.requires_grad)
+    distinct = []
+    for _, settings in theirs:
+        if settings not in distinct:
+            distinct.append(settings)
+    assert [settings for _, settings in _groups(ours)] == distinct
+    for group in ours.optimizer.param_groups:
+        settings = {k: v for k, v in group.items() if k != 'params'}
+        assert [id(p) for p in group['params']] == [
+            next(iter(ids)) for ids, their in theirs if their == settings]
     assert {type(g).__name__ for g in default.optimizer.param_groups} == {'ConfigDict'}
     assert {type(g) for g in ours.optimizer.param_groups} == {dict}
-    trained = {id(p) for p in model.parameters() if p.requires_grad}
-    assert set().union(*(ids for ids, _ in _groups(ours))) == trained
-    decays = sorted({g['weight_decay'] for _, g in _groups(ours)})
-    assert decays == [0.0, cfg.optim_wrapper.optimizer.weight_decay]
+    # decayed weights; [MASK] (decay_mult=0 by name); biases and norms
+    decays = [g['weight_decay'] for _, g in _groups(ours)]
+    assert decays == [cfg.optim_wrapper.optimizer.weight_decay, 0.0, 0.0]
+    assert _groups(ours)[1][1]['decay_mult'] == 0.0
     assert {g['lr'] for _, g in _groups(ours)} == {cfg.optim_wrapper.optimizer.lr}
+
+
+def demo_model_and_wrapper(merge: bool):
+    """The demo config's model (seed 0) with merged or mmengine's per-parameter groups."""
+    cfg = Config.fromfile(DEMO_CONFIG)
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    model.train()
+    return model, build_optim_wrapper(model, dict(cfg.optim_wrapper, merge_param_groups=merge))
+
+
+def settings_by_name(model, optim_wrapper) -> dict:
+    names = {id(p): name for name, p in model.named_parameters()}
+    return {names[id(p)]: (g['lr'], g['weight_decay'])
+            for g in optim_wrapper.optimizer.param_groups for p in g['params']}
+
+
+def test_merged_groups_train_and_schedule_as_per_parameter_groups(message_hub):
+    """Three steps (the neck's last layer frozen in the first, clipped per parameter, AdamW)
+    under the configs' lr warm-up and weight-decay cosine (eta_min_ratio): every parameter
+    gets the same lr and weight decay at every step, 0 staying 0, and the students, teachers
+    and AdamW moments end equal bit for bit."""
+    from mmengine.optim import CosineAnnealingParamScheduler, LinearLR
+    runs = {}
+    for merge in (True, False):
+        model, wrapper = demo_model_and_wrapper(merge)
+        schedulers = [LinearLR(wrapper, start_factor=0.1, begin=0, end=2, by_epoch=False),
+                      CosineAnnealingParamScheduler(wrapper, param_name='weight_decay',
+                                                    eta_min_ratio=10.0, begin=0, end=3,
+                                                    by_epoch=False)]
+        gen = torch.Generator().manual_seed(1)
+        views = [torch.randint(0, 256, (4, 3, size, size), generator=gen).float()
+                 for size in (32, 32, 16, 16, 16, 16)]
+        torch.manual_seed(2)  # drop path and the mask's draws
+        settings = []
+        for step in range(3):
+            wrapper.freeze(model.neck.last_layer.parameters() if step == 0 else [])
+            settings.append(settings_by_name(model, wrapper))
+            model.train_step(dict(inputs=views, data_samples=None), wrapper)
+            for scheduler in schedulers:
+                scheduler.step()
+        names = {id(p): name for name, p in model.named_parameters()}
+        moments = {names[id(p)]: state['exp_avg_sq']
+                   for p, state in wrapper.optimizer.state.items()}
+        runs[merge] = dict(groups=len(wrapper.optimizer.param_groups), settings=settings,
+                           weights=model.state_dict(), moments=moments)
+    merged, per_parameter = runs[True], runs[False]
+    assert merged['groups'] == 3 < per_parameter['groups']
+    assert merged['settings'] == per_parameter['settings']
+    decays = [wd for _, wd in merged['settings'][-1].values()]
+    assert 0.0 in decays and max(decays) > 0.04   # the undecayed stay at 0 as the rest rise
+    for key, value in per_parameter['weights'].items():
+        assert torch.equal(merged['weights'][key], value), key
+    assert merged['moments'].keys() == per_parameter['moments'].keys()
+    for key, value in per_parameter['moments'].items():
+        assert torch.equal(merged['moments'][key], value), key
+
+
+def test_an_optimiser_state_of_per_parameter_groups_is_refused_with_the_fix(message_hub):
+    """Checkpoints saved before the merge hold one group per parameter (and per-group
+    scheduler states, which mmengine would zip with the merged groups): the merged optimiser
+    refuses them, naming the option that loads them as they were."""
+    model, old = demo_model_and_wrapper(merge=False)
+    views = [torch.rand(2, 3, size, size) * 255 for size in (32, 32, 16, 16, 16, 16)]
+    model.train_step(dict(inputs=views, data_samples=None), old)
+    saved = old.state_dict()
+    with pytest.raises(ValueError, match=r'(?s)parameter groups of one parameter.*'
+                       r'optim_wrapper\.merge_param_groups=False'):
+        demo_model_and_wrapper(merge=True)[1].load_state_dict(saved)
+    per_parameter = demo_model_and_wrapper(merge=False)[1]
+    per_parameter.load_state_dict(saved)
+    assert len(per_parameter.optimizer.state) == len(old.optimizer.state) > 0
+
+    # A merged state resumes into merged groups.
+    model, merged = demo_model_and_wrapper(merge=True)
+    model.train_step(dict(inputs=views, data_samples=None), merged)
+    resumed = demo_model_and_wrapper(merge=True)[1]
+    resumed.load_state_dict(merged.state_dict())
+    assert len(resumed.optimizer.state) == len(merged.optimizer.state) > 0
 
 
 def test_a_frozen_student_parameter_still_gets_mmengines_warning():
@@ -65,7 +159,8 @@ def test_a_frozen_student_parameter_still_gets_mmengines_warning():
     assert messages == ['backbone.cls_token is skipped since its requires_grad=False']
 
 
-def test_weight_decay_and_teacher_momentum_are_logged_every_iteration(tmp_path):
+def test_weight_decay_teacher_momentum_and_gradient_statistics_are_logged_every_iteration(
+        tmp_path):
     from mmengine.runner import Runner
     data_root = make_image_folder(tmp_path / 'data', classes=2, per_class=4)
     cfg = tiny_runner_cfg(data_root, tmp_path / 'work', max_epochs=2, batch_size=4)
@@ -84,5 +179,7 @@ def test_weight_decay_and_teacher_momentum_are_logged_every_iteration(tmp_path):
         # DINO's convention: 1 - mmengine's momentum, 0.996 -> 1 over the run.
         expected_m = 1 - 0.004 * (math.cos(math.pi * step / max_iters) + 1) / 2
         assert row['teacher_momentum'] == pytest.approx(expected_m, abs=1e-9)
+        # DINOOptimWrapper's, read after the step by ScheduleLoggerHook
+        assert row['grad_norm'] > 0 and 0 <= row['grad_clipped_ratio'] <= 1
     assert rows[0]['wd'] == pytest.approx(base_wd)
     assert rows[0]['teacher_momentum'] == pytest.approx(0.996)

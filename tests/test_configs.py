@@ -187,3 +187,147 @@ def test_full_recipe_runs_one_step_at_batch_two(config, backbone_params, tmp_pat
     assert all(torch.isfinite(torch.as_tensor(v)) for v in log_vars.values())
     assert not torch.equal(before, first_weight)
     assert model.head.center.abs().sum() > 0
+
+
+# Every config file builds, and says where its data comes from.
+OTHER_CONFIGS = sorted(
+    str(p.relative_to(REPO)) for p in (REPO / 'configs').rglob('*.py')
+    if str(p.relative_to(REPO)) not in PRETRAIN_CONFIGS)
+# `python tools/misc/write_X.py OUT`: the documented commands that write data folders.
+WRITER = re.compile(r'python (tools/misc/write_\w+\.py) ([\w./-]+)')
+
+
+@pytest.mark.parametrize('config', OTHER_CONFIGS)
+def test_every_other_config_file_loads(config):
+    """The _base_ pieces and the mmdet / mmseg fine-tuning configs (their scopes' modules
+    are tests/test_downstream.py's); the rest is test_config_loads_and_names_registered_modules."""
+    cfg = Config.fromfile(str(REPO / config))
+    assert cfg.to_dict()
+
+
+def config_header(path: Path) -> str:
+    """The first comment block of a config file."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith('#'):
+            break
+        lines.append(line.lstrip('#').strip())
+    return ' '.join(lines)
+
+
+def config_chain(path: Path) -> list:
+    """The config file and the files of this repository it inherits from, nearest first."""
+    chain, queue = [], [path]
+    while queue:
+        current = queue.pop(0)
+        chain.append(current)
+        tree = ast.parse(current.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(
+                    getattr(t, 'id', None) == '_base_' for t in node.targets):
+                bases = ast.literal_eval(node.value)
+                for base in [bases] if isinstance(bases, str) else bases:
+                    if '::' not in base:
+                        queue.append((current.parent / base).resolve())
+    return chain
+
+
+def data_roots(node) -> set:
+    """Every ``data_root`` string of a config (dataloaders, k-NN references, probe hooks)."""
+    if isinstance(node, dict):
+        return set().union(*(({v} if k == 'data_root' and isinstance(v, str) else data_roots(v))
+                             for k, v in node.items()))
+    if isinstance(node, (list, tuple)):
+        return set().union(*map(data_roots, node))
+    return set()
+
+
+def documented_writers() -> dict:
+    """{output folder: command} of every data-writing command in the docs and config headers."""
+    from tests.test_docs import DOC_FILES
+    texts = [p.read_text() for p in DOC_FILES]
+    texts += [config_header(p) for p in (REPO / 'configs').rglob('*.py')]
+    return {m.group(2).rstrip('/'): m.group(0) for text in texts for m in WRITER.finditer(text)}
+
+
+def documented_data_folders() -> str:
+    from tests.test_docs import DOC_FILES
+    return ' '.join(p.read_text() for p in DOC_FILES)
+
+
+def unnamed_data_roots(config_path: Path, roots, writers, docs: str) -> list:
+    """The data roots that are named neither in a header of the config or its bases (by the
+    path, its parent folder or the documented command that writes it) nor, as a dataset's
+    folder (`data/imagenet`, `data/coco/`), in the documents' data preparation."""
+    headers = ' '.join(config_header(p) for p in config_chain(config_path))
+    unnamed = []
+    for root in sorted(roots):
+        root = root.rstrip('/')
+        names = [root, root.rsplit('/', 1)[0] if root.count('/') > 1 else root]
+        commands = [cmd for out, cmd in writers.items() if (root + '/').startswith(out + '/')]
+        dataset = '/'.join(root.split('/')[:2])
+        if not (any(name in headers for name in names + commands)
+                or re.search(rf'(?<![\w/.]){re.escape(dataset)}(?![\w.-])', docs)):
+            unnamed.append(root)
+    return unnamed
+
+
+DATA_CONFIGS = [c for c in PRETRAIN_CONFIGS + OTHER_CONFIGS if '_base_' not in c]
+
+
+@pytest.mark.parametrize('config', DATA_CONFIGS)
+def test_every_data_root_is_named_in_the_config_header(config):
+    roots = data_roots(Config.fromfile(str(REPO / config)).to_dict())
+    assert roots, f'{config} reads no data_root'
+    unnamed = unnamed_data_roots(REPO / config, roots, documented_writers(),
+                                 documented_data_folders())
+    assert not unnamed, (f'{config}: its header (first comment block, or that of a config it '
+                         f'inherits) names neither {unnamed} nor the command that writes it, '
+                         'and no document names its folder')
+
+
+def test_the_data_root_check_catches_an_unnamed_path(tmp_path):
+    base = tmp_path / 'base.py'
+    base.write_text('# Reads data/x/imgs, which\n#   python tools/misc/write_x.py data/x\n'
+                    '# writes.\ndata_root = "data/x/imgs"\n')
+    child = tmp_path / 'child.py'
+    child.write_text('# A child.\n_base_ = ["base.py"]\nval = dict(data_root="data/gone/val")\n')
+    writers = {'data/x': 'python tools/misc/write_x.py data/x'}
+    assert config_chain(child) == [child, base.resolve()]
+    assert unnamed_data_roots(child, {'data/x/imgs', 'data/x/other/deep'}, writers, '') == []
+    assert unnamed_data_roots(child, {'data/gone/val', 'data/x/imgs'}, {}, '') == [
+        'data/gone/val']
+    docs = 'Put ImageNet in `data/gone/` as mmpretrain expects; `data/gonebut` is not it.'
+    assert unnamed_data_roots(child, {'data/gone/val'}, {}, docs) == []
+    assert unnamed_data_roots(child, {'data/gon/val'}, {}, docs) == ['data/gon/val']
+    # The demo config as it was: a data_root that nothing writes and nothing names.
+    old_demo = tmp_path / 'old_demo.py'
+    old_demo.write_text('# Train on your own folder of 32-px images by changing `data_root`.\n'
+                        "data_root = 'data/mst_demo/train'\n")
+    assert unnamed_data_roots(old_demo, {'data/mst_demo/train'}, documented_writers(),
+                              documented_data_folders()) == ['data/mst_demo/train']
+    assert data_roots({'a': [dict(data_root='r1', b=dict(data_root='r2'))], 'data_root': 3}) == {
+        'r1', 'r2'}
+
+
+@pytest.mark.slow
+def test_the_documented_command_writes_every_data_root_under_its_folder(tmp_path):
+    """`python tools/misc/write_animal_shapes.py data/animal_shapes`, run as documented (from
+    a fresh folder), writes every data_root under data/animal_shapes that a config reads."""
+    import subprocess
+    import sys
+    writers = documented_writers()
+    out = 'data/animal_shapes'
+    command = writers[out].split()
+    expected = sorted({root.rstrip('/') for config in DATA_CONFIGS
+                       for root in data_roots(Config.fromfile(str(REPO / config)).to_dict())
+                       if root.startswith(out + '/')})
+    assert len(expected) >= 4, expected   # objects/{,train,test}, scenes
+    result = subprocess.run([sys.executable, str(REPO / command[1]), *command[2:]], cwd=tmp_path,
+                            env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS='1'),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    missing = [root for root in expected if not (tmp_path / root).is_dir()]
+    assert not missing, missing
+    # The class folders the image datasets list.
+    assert len(list((tmp_path / out / 'objects' / 'test').iterdir())) == 10

@@ -57,7 +57,10 @@ def write_run_config(tmp_path: Path, base: Path, epochs: int = 3, extra: str = '
 
 
 def run_tool(cmd, **env) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ, PYTHONPATH=str(REPO), **env,
+    # The repository first, then what PYTHONPATH held: on a lent GPU machine the stack is a
+    # folder on PYTHONPATH (tools/check_gpu.sh --wheels), which the tools need too.
+    python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')]))
+    full_env = dict(os.environ, PYTHONPATH=python_path, **env,
                     PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])
     result = subprocess.run([str(c) for c in cmd], cwd=REPO, env=full_env, capture_output=True,
                             text=True, timeout=900)
@@ -75,6 +78,7 @@ def assert_mst_trained_on_cuda(probe: dict, iterations: int) -> None:
     for it in probe['iters']:
         assert it['losses'] and all(math.isfinite(v) for v in it['losses'].values()), it
         assert it['mask']['device'].startswith('cuda') and it['mask']['dtype'] == 'torch.bool'
+        assert it['mask']['source_device'].startswith('cuda'), it['mask']
     assert all(d.startswith('cuda') for d in probe['param_devices'] + probe['buffer_devices'])
     assert all(d.startswith('cuda') for d in probe['teacher_devices'])
     assert probe['center_device'].startswith('cuda') and any(probe['center'])

@@ -15,8 +15,9 @@ README = REPO / 'README.md'
 DOC_FILES = sorted(
     [README, *(REPO / 'docs').glob('*.md'), *(REPO / 'configs').rglob('README.md')])
 QUICK_START_COMMANDS = ['bash tools/run_demo.sh', 'bash tools/run_tests.sh']
-FRONT_PAGE_SECTIONS = ['Status', 'Results', 'Quick start', 'Data', 'Pretrain', 'Evaluate',
-                       'Transfer', 'License', 'Citation']
+# An OpenMMLab project README's order: what it is, how to run it, the status, usage, results.
+FRONT_PAGE_SECTIONS = ['Quick start', 'Status', 'Data', 'Pretrain', 'Evaluate', 'Transfer',
+                       'Results', 'Speed', 'License', 'Citation']
 # Top-level folders whose paths, written in code spans or blocks, must exist.
 REPO_DIRS = ('configs', 'tools', 'mst_mm', 'docs', 'tests', 'requirements')
 
@@ -67,6 +68,8 @@ def code_paths(path: Path) -> list:
 def test_readme_is_a_front_page_in_the_usual_order():
     lines = README.read_text().splitlines()
     assert len(lines) < 200, f'README.md has {len(lines)} lines: move detail into docs/'
+    quick_start = lines.index('## Quick start')
+    assert quick_start < 40, f'the Quick start begins at line {quick_start + 1}: not on screen 1'
     sections = [line[3:].strip() for line in lines if line.startswith('## ')]
     assert [s for s in sections if s in FRONT_PAGE_SECTIONS] == FRONT_PAGE_SECTIONS, sections
     assert (REPO / 'LICENSE').read_text().count('Apache License') >= 1
@@ -136,3 +139,15 @@ def test_citation_file_and_readme_cite_the_same_paper():
         a['family-names'] for a in paper['authors']]
     assert paper['title'] in bibtex.replace('{MST}', 'MST')
     assert f"volume    = {{{paper['volume']}}}" in bibtex and str(paper['year']) in bibtex
+
+
+def test_user_pages_name_no_commit_hash():
+    """History lives in CHANGELOG.md: README.md and docs/*.md name no commit (7-12 hex
+    characters with a digit and a letter a-f) as the source of a figure."""
+    commit = re.compile(r'\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,12}\b')
+    assert commit.findall('at 0e60de1, run b (136edcc)') == ['0e60de1', '136edcc']
+    assert not commit.findall('1024 decade 2026-11-27 deit-s_1thread_a.json sha256:' + 'a1' * 32)
+    found = {doc_id(doc): sorted(set(commit.findall(doc.read_text())))
+             for doc in [README, *(REPO / 'docs').glob('*.md')]}
+    assert not {doc: hashes for doc, hashes in found.items() if hashes}, (
+        'commit hashes in user pages; history belongs in CHANGELOG.md')

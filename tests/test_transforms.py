@@ -1,12 +1,16 @@
 """MultiCrop: DINO's views from mmpretrain's transforms, random per view and sample."""
+import math
 import random
 
+import mmcv
 import numpy as np
 import pytest
 from mmpretrain.datasets.transforms import ColorJitter, RandomResizedCrop
+from PIL import Image
 
 import mst_mm  # noqa: F401
 from mst_mm.datasets import ContiguousRandomResizedCrop, FusedColorJitter, MultiCrop
+from mst_mm.datasets.transforms import _shift_hue
 
 
 def _image(seed=0):
@@ -84,3 +88,41 @@ def test_views_of_a_grey_image_stay_grey():
             assert (view == view[..., :1]).all(), seed
     coloured = _seeded(transform, _image(), 0)
     assert not all((view == view[..., :1]).all() for view in coloured)
+
+
+# Hue factors around zero, where truncation and flooring differ, and at both ends of mmcv's
+# range; numpy floats as well, which is what mmpretrain's ColorJitter draws.
+HUE_FACTORS = [-0.5, -0.1, -0.0999, -0.05, -0.004, -0.001, 0.0, 0.001, 0.004, 0.05, 0.1, 0.5,
+               np.float64(-0.04036496088373729), np.float64(0.0731)]
+
+
+def _coloured_rgb():
+    return np.random.RandomState(2).randint(0, 256, (32, 48, 3), dtype=np.uint8)
+
+
+def _reference_hue_shift(rgb, hue_factor):
+    """PIL's HSV hue plus trunc(255 hue_factor), modulo 256: numpy 1's np.uint8 in mmcv."""
+    h, s, v = Image.fromarray(rgb).convert('HSV').split()
+    step = math.trunc(hue_factor * 255)
+    h.putdata([(value + step) % 256 for value in h.getdata()])
+    return np.array(Image.merge('HSV', (h, s, v)).convert('RGB'))
+
+
+@pytest.mark.parametrize('hue_factor', HUE_FACTORS)
+def test_shift_hue_truncates_and_wraps_like_numpy_1(hue_factor):
+    rgb = _coloured_rgb()
+    shifted = np.array(_shift_hue(Image.fromarray(rgb), hue_factor))
+    assert np.array_equal(shifted, _reference_hue_shift(rgb, hue_factor))
+    # Not a no-op: only a zero step gives PIL's plain HSV round trip.
+    unshifted = _reference_hue_shift(rgb, 0.0)
+    assert np.array_equal(shifted, unshifted) == (math.trunc(hue_factor * 255) == 0)
+
+
+@pytest.mark.skipif(np.lib.NumpyVersion(np.__version__) >= '2.0.0',
+                    reason="mmcv's adjust_hue raises OverflowError for hue < 0 under numpy 2")
+@pytest.mark.parametrize('hue_factor', HUE_FACTORS)
+def test_shift_hue_equals_mmcv_adjust_hue_under_numpy_1(hue_factor):
+    rgb = _coloured_rgb()
+    expected = mmcv.adjust_hue(np.ascontiguousarray(rgb[..., ::-1]), hue_factor,
+                               backend='pillow')[..., ::-1]
+    assert np.array_equal(np.array(_shift_hue(Image.fromarray(rgb), hue_factor)), expected)

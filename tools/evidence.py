@@ -759,8 +759,8 @@ def main(argv=None) -> dict:
     print('\n' + table)
     print(f"\nschedule: {schedule['epochs']} epochs of {image_views // schedule['epochs']:,} "
           f"images ({image_views:,} image-views per run), "
-          f"{osp.relpath(schedule['config'], REPO)}; the committed runs' tables: README.md "
-          '(Results) and docs/evidence.md')
+          f"{osp.relpath(schedule['config'], REPO)}; the committed runs' tables: "
+          'docs/evidence.md')
     print(f"summary: {osp.join(out, 'summary.json')}\npictures: {', '.join(pictures)}")
     return summary
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Usage: [GPUS=8 GPUS_PER_NODE=8 CPUS_PER_TASK=5 SRUN_ARGS=...] \
+# Usage: [GPUS=8 GPUS_PER_NODE=8 CPUS_PER_TASK=10 SRUN_ARGS=...] \
 #        tools/slurm_train.sh PARTITION JOB_NAME CONFIG WORK_DIR [train.py args]
-# The arguments of mmpretrain's tools/slurm_train.sh.
+# The arguments of mmpretrain's tools/slurm_train.sh. CPUS_PER_TASK: cores per GPU, for the
+# pretraining configs' 8 data workers, the training process and its pin-memory thread.
 set -x
 
 PARTITION=$1
@@ -10,7 +11,7 @@ CONFIG=$3
 WORK_DIR=$4
 GPUS=${GPUS:-8}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
-CPUS_PER_TASK=${CPUS_PER_TASK:-5}
+CPUS_PER_TASK=${CPUS_PER_TASK:-10}
 SRUN_ARGS=${SRUN_ARGS:-""}
 PY_ARGS=${@:5}
 

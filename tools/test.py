@@ -7,7 +7,9 @@ Example::
 
 CONFIG is a config with a test split and a metric (a k-NN, linear-probe or downstream
 config under ``configs/benchmarks/``). A pretraining config is refused with the commands
-that evaluate its checkpoint instead (k-NN, linear probe, downstream transfer).
+that evaluate its checkpoint instead (k-NN, linear probe, downstream transfer), with the
+benchmark configs of the same backbone and width (the checkpoint's, read from it when the
+file exists, else the config's).
 
 The checkpoint must provide every weight of the config's model (``--allow-partial``
 accepts one that provides only some); a bad input ends the run with one message and exit

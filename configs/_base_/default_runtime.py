@@ -30,8 +30,13 @@ log_processor = dict(window_size=50)
 # per run with persistent workers, so their streams go on from epoch to epoch.
 randomness = dict(seed=None, diff_rank_seed=True)
 
+# Fixed crop sizes (224 and 96 px): cuDNN's autotuning of the patch embedding and the
+# decoder's convolutions runs once per size.
+env_cfg = dict(cudnn_benchmark=True)
+
 # DDP (mmengine's default MMDistributedDataParallel): BN layers of neck and decoder become
-# SyncBN (paper appendix "BatchNorm"). Every parameter takes part in every backward (the
+# SyncBN, all of them, as the paper's appendix "BatchNorm" sets (the decoder's BN trains as
+# the head's). Every parameter takes part in every backward (the
 # frozen last layer too: its gradient is cancelled in the optimiser wrapper, as DINO does),
 # so DDP needs no search for unused parameters (find_unused_parameters=False, the default).
 sync_bn = 'torch'

@@ -1,15 +1,18 @@
 # The full MST recipe (multi-crop, attention-guided masking, image decoder, EMA teacher, DINO
 # schedules) scaled down to a tiny ViT that trains in minutes on 2 CPU cores: the base of the
 # evidence recipe (mst_vit-tiny-p4_1xb64-coslr-6e_animals.py, Quick-start command 1) and of
-# the tests. Train on your own folder of 32-px images by changing `data_root` (one
-# sub-folder per class; labels are only used by k-NN evaluation).
+# the tests. It reads the 8,000 training images of the rendered animal shapes
+# (data/animal_shapes/objects/train/<class>/*.png, 32 x 32), written by
+#   python tools/misc/write_animal_shapes.py data/animal_shapes
+# Train on your own folder of 32-px images by changing `data_root` (one sub-folder per class;
+# labels are only used by k-NN evaluation: configs/benchmarks/knn/knn_vit-tiny_demo.py).
 _base_ = [
     '../_base_/models/mst_deit-s.py',
     '../_base_/schedules/mst_adamw_300e.py',
     '../_base_/default_runtime.py',
 ]
 
-data_root = 'data/mst_demo/train'
+data_root = 'data/animal_shapes/objects/train'
 global_crop_size = 32
 local_crop_size = 16
 num_local_crops = 4
@@ -43,9 +46,10 @@ train_dataloader = dict(
         data_root=data_root,
         pipeline=[
             dict(type='LoadImageOrSkip'),
+            # crops only: the rest is the model's data preprocessor's (BatchViewAugment)
             dict(type='MultiCrop', global_size=global_crop_size, local_size=local_crop_size,
                  num_local_crops=num_local_crops, global_scale=(0.4, 1.0),
-                 local_scale=(0.05, 0.4)),
+                 local_scale=(0.05, 0.4), crops_only=True),
             dict(type='PackInputs'),
         ]))
 
@@ -72,7 +76,7 @@ custom_hooks = [
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=5),
     checkpoint=dict(type='SafeCheckpointHook', interval=max_epochs, max_keep_ckpts=1),
-    collapse_monitor=dict(window=50))   # 18 iterations per epoch here
+    collapse_monitor=dict(window=50))   # 125 iterations per epoch here
 log_processor = dict(window_size=5)
 randomness = dict(seed=0)
 auto_scale_lr = dict(base_batch_size=batch_size, enable=False)

@@ -76,8 +76,9 @@ def _shift_hue(pil_image: Image.Image, hue_factor: float) -> Image.Image:
     """mmcv's pillow ``adjust_hue`` on a PIL RGB image: rotate H in HSV, uint8 wrap-around."""
     h, s, v = pil_image.convert('HSV').split()
     np_h = np.array(h, dtype=np.uint8)
-    with np.errstate(over='ignore'):
-        np_h += np.uint8(hue_factor * 255)
+    # mmcv's np.uint8(hue_factor * 255) truncates toward zero and wraps modulo 256 under numpy 1
+    # and raises OverflowError for a negative factor under numpy 2: the same steps, in Python.
+    np_h += np.uint8(int(hue_factor * 255) % 256)
     return Image.merge('HSV', (Image.fromarray(np_h, 'L'), s, v)).convert('RGB')
 
 
@@ -86,22 +87,31 @@ class MultiCrop(BaseTransform):
     """Two global views and ``num_local_crops`` local views of one decoded image, with BYOL's
     asymmetric augmentations (docs/method.md), as mmpretrain's ``MultiView``. ``*_scale`` are
     area ranges; ``blur_radius`` is in crop pixels (DINO's (0.1, 2.0) suits 224-px crops, scale
-    it down for small ones); ``fast_transforms`` uses the bit-identical crop and jitter above."""
+    it down for small ones); ``fast_transforms`` uses the bit-identical crop and jitter above.
+
+    ``crops_only=True`` stops after each view's crop and resize, the part that needs the
+    decoded image of its own size: ``BatchViewAugment`` in ``MultiCropDataPreprocessor``
+    then applies the rest to the whole batch on the model's device, with the same
+    parameters and ranges (the GPU recipe; ``blur_radius`` is then the preprocessor's)."""
 
     def __init__(self, global_size: int = 224, local_size: int = 96, num_local_crops: int = 8,
                  global_scale: Sequence[float] = (0.4, 1.0),
                  local_scale: Sequence[float] = (0.05, 0.4), interpolation: str = 'bicubic',
                  backend: str = 'pillow', blur_radius: Sequence[float] = (0.1, 2.0),
-                 fast_transforms: bool = True) -> None:
+                 fast_transforms: bool = True, crops_only: bool = False) -> None:
         check_crop_sizes(global_size, local_size, num_local_crops)
         self.num_local_crops = num_local_crops
+        self.crops_only = crops_only and backend == 'pillow'
         crop_type = 'ContiguousRandomResizedCrop' if fast_transforms else 'RandomResizedCrop'
         jitter = 'FusedColorJitter' if fast_transforms else 'ColorJitter'
 
         def view(size: int, scale: Tuple[float, float], blur_prob: float, *tail: dict) -> list:
+            crop = dict(type=crop_type, scale=size, crop_ratio_range=tuple(scale),
+                        interpolation=interpolation, backend=backend)
+            if crops_only:
+                return [crop]
             # magnitude_std='inf' draws the blur radius uniformly from the range at every call.
-            return [dict(type=crop_type, scale=size, crop_ratio_range=tuple(scale),
-                         interpolation=interpolation, backend=backend),
+            return [crop,
                     dict(type='RandomFlip', prob=0.5),
                     dict(type='RandomApply', prob=0.8, transforms=[dict(
                         type=jitter, brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)]),
@@ -121,7 +131,25 @@ class MultiCrop(BaseTransform):
                 transforms=copy.deepcopy(pipelines[:kept])))
 
     def transform(self, results: dict) -> dict:
-        return self.multi_view(results)
+        return self._crops(results) if self.crops_only else self.multi_view(results)
+
+    def _crops(self, results: dict) -> dict:
+        """The views' crops from one PIL image, bit for bit what ``multi_view`` gives with
+        ``crops_only`` and the same random state; ``MultiView`` would copy the whole decoded
+        image once per view, and each crop would be converted to PIL on its own."""
+        img = results['img']
+        image = Image.fromarray(np.ascontiguousarray(img))
+        views = []
+        for pipeline, copies in zip(self.multi_view.pipelines, self.multi_view.num_views):
+            crop = pipeline.transforms[0]
+            size = tuple(crop.scale[::-1])
+            for _ in range(copies):
+                top, left, height, width = crop.rand_crop_params(img)
+                box = (left, top, left + width, top + height)
+                views.append(np.array(image.crop(box).resize(
+                    size, mmcv.image.geometric.pillow_interp_codes[crop.interpolation])))
+        results.update(img=views, img_shape=[view.shape[:2] for view in views])
+        return results
 
     def __repr__(self) -> str:
-        return f'{self.__class__.__name__}({self.multi_view!r})'
+        return f'{self.__class__.__name__}({self.multi_view!r}, crops_only={self.crops_only})'

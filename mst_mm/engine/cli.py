@@ -1,6 +1,7 @@
 """Our tools' command line: ``--cfg-options`` checked, with mmengine's semantics; clean errors."""
 import argparse
 import difflib
+import functools
 import gc
 import glob
 import os.path as osp
@@ -119,20 +120,68 @@ def check_test_config(cfg: Config, config_path: str, checkpoint: str) -> None:
         raise UserInputError(f'{config_path} has no {" or ".join(missing)}: tools/test.py '
                              'evaluates configs with a test split and a metric, such as the '
                              'k-NN and linear-probe configs under configs/benchmarks/.')
-    token = re.search('deit-s|swin-t|vit-tiny|vit-b|vit-s', osp.basename(config_path))
+    token = re.search('deit-s|swin-nano|swin-t|vit-tiny|vit-b|vit-s', osp.basename(config_path))
     configs = [(title, command, config) for title, folder, command in _EVALUATIONS
                for config in sorted(glob.glob(f'{_REPO}/configs/benchmarks/{folder}/*.py'))]
     # The benchmark configs of the same backbone, if the names tell; otherwise all of them.
     same = [entry for entry in configs if token and token[0] in osp.basename(entry[2])]
+    # Of those, the ones whose backbone is as wide as the checkpoint's (the 96-wide demo ViT
+    # and the 48-wide evidence ViT share a name): a config that names no width is kept.
+    width = _checkpoint_width(checkpoint) or _backbone_width((cfg.get('model') or {}).get(
+        'backbone') or {})
+    candidates = same or configs
+    fits = [entry for entry in candidates
+            if width is None or _config_width(entry[2]) in (None, width)]
     lines = [f'  {title}: ' + command.format(config=osp.relpath(config, _REPO),
                                              checkpoint=checkpoint, pretrained=_pretrained(config))
-             for title, command, config in same or configs]
+             for title, command, config in fits]
+    if not fits:
+        lines = [f'  none of the benchmark configs{" of this backbone" if same else ""} is '
+                 f'{width} wide; copy one and set its embed_dims to {width}: ' + ', '.join(
+                     osp.relpath(config, _REPO) for _, _, config in candidates)]
     raise UserInputError(
         f'{config_path} is a pretraining config (model type MST): it has no test split or '
         'metric, so tools/test.py has nothing to evaluate. Evaluate the pretrained backbone '
         f'of {checkpoint} instead (the configs hold the data paths and settings):\n'
         + '\n'.join(lines) + f'\nTo continue pretraining from it: python tools/train.py '
         f'{config_path} --resume {checkpoint}')
+
+
+def _backbone_width(backbone: dict) -> Optional[int]:
+    """``embed_dims`` of a backbone config (an argument, an ``arch`` dict, or a name in the
+    backbone's ``arch_zoo``)."""
+    arch = backbone.get('arch')
+    if isinstance(arch, dict) or 'embed_dims' in backbone:
+        return (arch if isinstance(arch, dict) else backbone).get('embed_dims')
+    try:
+        from mmpretrain.registry import MODELS
+        return MODELS.get(backbone['type']).arch_zoo[arch]['embed_dims']
+    except Exception:  # an unknown type or arch: the width is not known
+        return None
+
+
+def _checkpoint_width(checkpoint: str) -> Optional[int]:
+    """The patch embedding's output channels in an MST checkpoint, or None if unreadable."""
+    if not osp.isfile(checkpoint):
+        return None
+    try:
+        from mst_mm.engine.safe_loading import read_checkpoint
+        state = read_checkpoint(checkpoint, map_location='cpu', mmap=True)
+        state = state.get('state_dict', state)
+        return int(state['backbone.patch_embed.projection.weight'].shape[0])
+    except Exception:  # not an MST checkpoint (test.py's own load names the problem)
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _config_width(config: str) -> Optional[int]:
+    """The backbone width of a benchmark config, or None if it cannot be read."""
+    try:
+        return _backbone_width(Config.fromfile(config).model.backbone)
+    except Exception:  # e.g. an mmdet / mmseg config without mmdet / mmseg installed
+        with open(config) as f:
+            found = re.search(r'^embed_dims = (\d+)', f.read(), re.MULTILINE)
+        return int(found[1]) if found else None
 
 
 def _pretrained(config: str) -> str:  # the converted backbone a downstream config reads

@@ -4,7 +4,9 @@ Without ``--reference-dino``, per model: (a) the MST step against the DINO basel
 same config and MST with the mask only, (b) the teacher's forward with and without its CLS
 attention, (c) the decoder's share of the MST step.
 With ``--reference-dino DIR`` (a facebookresearch/dino clone, imported at run time): DINO's
-``main_dino.py`` step against our DINO mode and MST on the same crops, with FLOP counts.
+``main_dino.py`` step against our DINO mode and MST on the same crops, with FLOP counts, and
+on a GPU each step's peak memory; ``--dtypes`` times our steps in several autocast dtypes
+side by side (DINO's own step keeps its float16 autocast).
 
 Timings are interleaved (the variants take turns in every repetition, in a rotating order),
 so a drift of the machine's speed cancels in their ratios. A ratio is that of the median
@@ -83,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="mixed precision on both sides of --reference-dino (DINO's "
                         'autocast + GradScaler, our AMP optimiser wrapper); default: on '
                         'with CUDA, off on the CPU')
+    parser.add_argument('--dtypes', nargs='+', choices=('float16', 'bfloat16'), default=None,
+                        help='with --reference-dino and AMP: the autocast dtype of our steps; '
+                        'several are timed side by side as steps named dino_mode_DTYPE and '
+                        "mst_DTYPE (DINO's step keeps its float16); default: our AMP "
+                        "optimiser wrapper's own (float16 on CUDA), steps dino_mode and mst")
     parser.add_argument('--peak-tflops', type=float, default=None,
                         help="with --reference-dino: the device's dense peak in TFLOP/s for "
                         'the precision used (e.g. 989 for an H100 in bf16), to report the '
@@ -132,8 +139,10 @@ def synthetic_batch(cfg: Config, batch_size: int, device: str = 'cpu') -> dict:
     return dict(inputs=views, data_samples=None)
 
 
-def build_for_training(cfg: Config, device: str, amp: bool = False):
-    """The config's model on ``device`` in training mode, and its optimiser wrapper."""
+def build_for_training(cfg: Config, device: str, amp: bool = False,
+                       dtype: Optional[str] = None):
+    """The config's model on ``device`` in training mode, and its optimiser wrapper (with
+    ``amp``, the AMP wrapper, autocasting to ``dtype`` when given)."""
     from mmengine.logging import MessageHub
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import DefaultScope
@@ -148,6 +157,8 @@ def build_for_training(cfg: Config, device: str, amp: bool = False):
     optim_cfg = copy.deepcopy(cfg.optim_wrapper)
     if amp:
         optim_cfg.type = AMP_OPTIM_WRAPPERS[optim_cfg.get('type', 'OptimWrapper')]
+        if dtype is not None:
+            optim_cfg.dtype = dtype
     # The config's scope, as the runner sets it: mst_mm's constructors register there.
     with DefaultScope.overwrite_default_scope(cfg.get('default_scope', 'mmpretrain')):
         return model, build_optim_wrapper(model, optim_cfg)
@@ -354,6 +365,10 @@ class ReferenceDINOStep:
         self.utils, self.device, self.amp = utils, device, amp
         self.scaler = torch.amp.GradScaler('cuda') if amp else None
 
+    def state(self) -> Tuple[List[torch.nn.Module], List[torch.optim.Optimizer]]:
+        """What this step keeps between calls: its modules and its optimiser."""
+        return [self.student, self.teacher, self.dino_loss], [self.optimizer]
+
     def __call__(self, images: List[torch.Tensor]) -> float:
         """One step on normalised crops (global crops first); returns the loss."""
         for i, group in enumerate(self.optimizer.param_groups):
@@ -386,14 +401,64 @@ class ReferenceDINOStep:
         return loss.item()  # DINO's metric logger reads it
 
 
+def our_step_names(dtypes: Optional[List[str]]) -> Dict[str, Tuple[str, Optional[str]]]:
+    """Our steps of a ``--reference-dino`` run: name -> (variant of :func:`load_variants`,
+    autocast dtype). Without ``dtypes``, ``dino_mode`` and ``mst`` in the wrapper's own."""
+    if not dtypes:
+        return dict(dino_mode=('dino', None), mst=('mst', None))
+    return {f'{name}_{dtype}': (variant, dtype) for dtype in dtypes
+            for name, variant in (('dino_mode', 'dino'), ('mst', 'mst'))}
+
+
+def reference_ratios(dtypes: Optional[List[str]]) -> Dict[str, Tuple[str, str]]:
+    """``REFERENCE_RATIOS``, once per dtype of ``--dtypes`` (keys and steps suffixed)."""
+    suffixes = [f'_{dtype}' for dtype in dtypes] if dtypes else ['']
+    return {key + suffix: tuple(step if step == 'reference_dino' else step + suffix
+                                for step in steps)
+            for suffix in suffixes for key, steps in REFERENCE_RATIOS.items()}
+
+
+def state_bytes(modules: List[torch.nn.Module], optimizers: List[torch.optim.Optimizer],
+                tensors: List[torch.Tensor] = ()) -> int:
+    """Bytes of the storages that a step keeps between calls (parameters, buffers,
+    gradients, optimiser state) and of its inputs, each storage counted once."""
+    found = list(tensors)
+    for module in modules:
+        found += list(module.parameters()) + list(module.buffers())
+        found += [p.grad for p in module.parameters() if p.grad is not None]
+    for optimizer in optimizers:
+        found += [v for state in optimizer.state.values() for v in state.values()
+                  if isinstance(v, torch.Tensor)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in found}
+    return sum(storages.values())
+
+
+def peak_memory_gib(step: Callable[[], None], resident: int, device: str) -> Optional[float]:
+    """GiB that one call of ``step`` needs on its own on a CUDA device: what it keeps
+    (``resident`` bytes) plus what the call allocated above what was allocated before it
+    (``torch.cuda.max_memory_allocated``), so that the other steps' models, resident at the
+    same time, do not count. None on the CPU."""
+    if not device.startswith('cuda'):
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    return (resident + torch.cuda.max_memory_allocated() - before) / 2**30
+
+
 def compare_with_reference(config: str, dino_dir: str, batch_size: int, repeats: int,
-                           warmup: int, device: str, amp: bool) -> dict:
-    """The three steps, interleaved on the same crops, with their ratios and spreads."""
+                           warmup: int, device: str, amp: bool,
+                           dtypes: Optional[List[str]] = None) -> dict:
+    """The reference step and ours (per dtype), interleaved on the same crops, with their
+    ratios, spreads, FLOP counts and (on a GPU) peak memory."""
     from mmpretrain.registry import MODELS as REGISTRY
     variants = load_variants(config)
     cfg = variants['mst']
-    ours = {name: build_for_training(variants[variant], device, amp=amp)
-            for name, variant in (('dino_mode', 'dino'), ('mst', 'mst'))}
+    names = our_step_names(dtypes)
+    ours = {name: build_for_training(variants[variant], device, amp=amp, dtype=dtype)
+            for name, (variant, dtype) in names.items()}
     reference = ReferenceDINOStep(dino_dir, cfg, device, amp)
     batch = synthetic_batch(cfg, batch_size, device=device)
     # DINO's data loader normalises in its workers; our step normalises in its preprocessor.
@@ -405,18 +470,31 @@ def compare_with_reference(config: str, dino_dir: str, batch_size: int, repeats:
                     for name, (model, optim_wrapper) in ours.items()})
     times, usage = interleaved_times(steps, repeats, warmup, device)
     seconds = {name: statistics.median(t) for name, t in times.items()}
-    flops = {name: flops_of(step) for name, step in steps.items()}
+    # A dtype changes no FLOP count: each variant is counted once, in the first dtype.
+    flops = dict(reference_dino=flops_of(steps['reference_dino']))
+    for name, (variant, _) in names.items():
+        counted = next(n for n, (v, _) in names.items() if v == variant)
+        flops[name] = flops[counted] if counted in flops else flops_of(steps[name])
+    states = dict(reference_dino=reference.state(),
+                  **{name: ([model], [optim_wrapper.optimizer])
+                     for name, (model, optim_wrapper) in ours.items()})
+    inputs = dict(reference_dino=list(normalised),
+                  **{name: list(batch['inputs']) for name in ours})
+    memory = {name: peak_memory_gib(step, state_bytes(*states[name], inputs[name]), device)
+              for name, step in steps.items()}
     ratios = {key: ratio_over_repetitions(times[num], times[den])
-              for key, (num, den) in REFERENCE_RATIOS.items()}
+              for key, (num, den) in reference_ratios(dtypes).items()}
     crops = crop_settings(cfg)
     return dict(
         batch_size=batch_size, amp=amp, reference_dino=osp.abspath(dino_dir),
+        dtypes={name: dtype for name, (_, dtype) in names.items()} if dtypes else None,
         crops=f'2 x {crops["global_size"]} + {crops["num_local_crops"]} x '
               f'{crops["local_size"]} px',
         out_channels=cfg.model.neck.get('out_channels'),
         step_seconds=seconds,
         images_per_second={name: batch_size / s for name, s in seconds.items()},
         gflops_per_image={name: f / batch_size / 1e9 for name, f in flops.items()},
+        peak_memory_gib=memory,
         step_spread={name: spread(t) for name, t in times.items()},
         **{key: ratio for key, (ratio, _) in ratios.items()},
         ratio_range_over_repetitions={key.replace('_vs_reference', ''): ratio_range
@@ -521,20 +599,37 @@ def print_reference_table(results: dict) -> None:
     for name, r in results['models'].items():
         print(f'\n[{name}] batch {r["batch_size"]}, {r["crops"]}, K = {r["out_channels"]}, '
               f'AMP {"on" if r["amp"] else "off"}, median of {results["repeats"]}\n'
-              '| step | seconds (min-max) | speed against the reference | images/s '
-              '| GFLOP per image | MFU |\n|' + ' --- |' * 6)
-        speeds = dict(reference_dino=1.0, dino_mode=r['dino_mode_speed_vs_reference'],
-                      mst=r['mst_speed_vs_reference'])
-        for step in r['step_seconds']:
+              '| step | autocast | seconds (min-max) | speed against the reference | images/s '
+              '| GFLOP per image | MFU | peak memory (GiB) |\n|' + ' --- |' * 8)
+        reference_seconds = r['step_seconds']['reference_dino']
+        memory = r.get('peak_memory_gib') or {}   # runs before it was measured have none
+        for step, seconds in r['step_seconds'].items():
             images, gflop = r['images_per_second'][step], r['gflops_per_image'][step]
             mfu = f'{images * gflop / (peak * 1e3):.1%}' if peak else 'n/a'
-            print(f'| {step} | {median_range(r["step_spread"][step])} | {speeds[step]:.3f} '
-                  f'| {images:.1f} | {gflop:.1f} | {mfu} |')
+            gib = memory.get(step)
+            print(f'| {step} | {autocast_dtype(r, step)} | {median_range(r["step_spread"][step])} '
+                  f'| {reference_seconds / seconds:.3f} | {images:.1f} | {gflop:.1f} | {mfu} '
+                  f'| {"n/a" if gib is None else f"{gib:.2f}"} |')
         if peak:
             print(f'MFU against a peak of {peak:g} TFLOP/s (--peak-tflops)')
+        if memory and all(v is not None for v in memory.values()):
+            print('peak memory: what the step keeps (weights, teacher, gradients, optimiser '
+                  'state, inputs) plus what one call allocated above it '
+                  '(torch.cuda.max_memory_allocated)')
         print(usage_line(r['usage_per_step']))
-        print(f'docs/benchmarks.md row (threads | DINO mode speed | MST speed | MST / DINO '
-              f'mode | load per core before):\n{name}: {reference_summary_row(results, name)}')
+        if 'dino_mode_speed_vs_reference' in r:   # the docs' rows have no --dtypes
+            print(f'docs/benchmarks.md row (threads | DINO mode speed | MST speed | MST / DINO '
+                  f'mode | load per core before):\n{name}: {reference_summary_row(results, name)}')
+
+
+def autocast_dtype(result: dict, step: str) -> str:
+    """The autocast dtype a step of a ``--reference-dino`` result ran in: DINO's float16,
+    ours per ``--dtypes`` or the AMP wrapper's default (float16 on CUDA); 'off' without AMP."""
+    if not result['amp']:
+        return 'off'
+    if step == 'reference_dino':
+        return 'float16'
+    return (result.get('dtypes') or {}).get(step) or 'float16'
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
@@ -560,6 +655,10 @@ def _run(args: argparse.Namespace, argv: Optional[List[str]]) -> dict:
     amp = args.device.startswith('cuda') if args.amp is None else args.amp
     if amp and not args.device.startswith('cuda'):
         raise ValueError("--amp needs --device cuda: DINO's mixed precision is CUDA-only.")
+    if args.dtypes and not (amp and args.reference_dino):
+        raise ValueError('--dtypes sets the autocast dtype of our steps against '
+                         '--reference-dino: it needs --reference-dino and AMP (--amp, the '
+                         'default on CUDA).')
 
     load = load_per_core()  # before the first timing: what else the machine was doing
     print('1-minute load average per core before timing: '
@@ -574,7 +673,7 @@ def _run(args: argparse.Namespace, argv: Optional[List[str]]) -> dict:
         if args.reference_dino:
             results['models'][name] = compare_with_reference(
                 config, args.reference_dino, batch_size, args.repeats, args.warmup,
-                args.device, amp)
+                args.device, amp, args.dtypes)
         else:
             results['models'][name] = measure_steps(load_variants(config), batch_size,
                                                     args.repeats, args.warmup, args.device)

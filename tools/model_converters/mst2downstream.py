@@ -1,6 +1,6 @@
 # Copyright (c) mst_mm contributors.
 """Turn an MST training checkpoint into a backbone checkpoint for mmdet, mmseg, mmpretrain
-or timm.
+or timm, or into DINO's full-checkpoint layout.
 
 Examples::
 
@@ -17,6 +17,9 @@ Examples::
     # backbone only, timm names, as DINO ships its weights: loads with strict=True into
     # timm.create_model('vit_small_patch16_224', num_classes=0) for a DeiT-S
     python tools/model_converters/mst2downstream.py CKPT mst_deit-s_timm.pth --target timm
+    # DINO's full-checkpoint layout (student, teacher, head, centre) for DINO's own tools:
+    # python eval_knn.py --pretrained_weights mst_deit-s_dino.pth --checkpoint_key teacher
+    python tools/model_converters/mst2downstream.py CKPT mst_deit-s_dino.pth --target dino
 
 For mmdet and mmseg the keys are checked one by one against the backbone that the
 downstream config builds (``--config``, by default ours under ``configs/benchmarks/``),
@@ -49,6 +52,7 @@ from mst_mm.models.export import (  # noqa: E402
     convert_for_downstream,
     extract_backbone,
     load_training_checkpoint,
+    mst_to_dino,
     vit_to_timm,
 )
 
@@ -69,6 +73,8 @@ BACKBONE_ONLY = {
                   'SwinTransformer)',
     'timm': "timm's VisionTransformer names (DeiT-S: vit_small_patch16_224)",
 }
+# Both networks, backbone and head, in the layout of DINO's full checkpoints.
+DINO_FORMAT = 'dino'
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -76,13 +82,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         description='Convert an MST checkpoint into an mmdet / mmseg backbone checkpoint.')
     parser.add_argument('checkpoint', help='MST training checkpoint (as tools/train.py saves)')
     parser.add_argument('out', help='where to write the backbone checkpoint')
-    parser.add_argument('--target', required=True, choices=sorted({*TARGETS, *BACKBONE_ONLY}),
+    parser.add_argument('--target', required=True,
+                        choices=sorted({*TARGETS, *BACKBONE_ONLY, DINO_FORMAT}),
                         help='mmdet (Swin-T, Mask R-CNN) or mmseg (ViT, SETR): a checkpoint '
                         'checked against the downstream config\'s backbone; mmpretrain: the '
                         'backbone alone with mmpretrain\'s names; timm: the ViT backbone '
-                        'alone with timm\'s names, as DINO ships its weights')
+                        'alone with timm\'s names, as DINO ships its weights; dino: student '
+                        'and teacher, backbone and head, and the centre, as DINO\'s full '
+                        'checkpoints (for DINO\'s eval_knn.py / eval_linear.py with '
+                        '--checkpoint_key teacher)')
     parser.add_argument('--weights', default='teacher', choices=sorted(SOURCE_PREFIXES),
-                        help='the EMA teacher (default, as DINO evaluates) or the student')
+                        help='the EMA teacher (default, as DINO evaluates) or the student '
+                        '(--target dino writes both)')
     parser.add_argument('--config', help='mmdet / mmseg: downstream config whose backbone '
                         'the keys must match (default: ours for the target under '
                         'configs/benchmarks/)')
@@ -91,7 +102,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def convert(checkpoint: str, out: str, target: str, weights: str = 'teacher',
             config: str = None) -> Dict[str, torch.Tensor]:
-    """Convert ``checkpoint`` and write ``out``; returns the converted backbone tensors."""
+    """Convert ``checkpoint`` and write ``out``; returns the converted backbone tensors (the
+    teacher's network, backbone and head, for ``--target dino``)."""
+    if target == DINO_FORMAT:
+        return export_dino(checkpoint, out)
     if target in BACKBONE_ONLY:
         loaded = load_training_checkpoint(checkpoint, out)
         backbone = extract_backbone(loaded['state_dict'], weights, checkpoint)
@@ -99,6 +113,21 @@ def convert(checkpoint: str, out: str, target: str, weights: str = 'teacher',
         return export_backbone_only(backbone, kind, loaded, checkpoint, out, target, weights)
     config = config or osp.join(REPO, TARGETS[target]['config'])
     return convert_for_downstream(checkpoint, out, target, config, weights)
+
+
+def export_dino(checkpoint: str, out: str) -> Dict[str, torch.Tensor]:
+    """Write both networks in the layout of DINO's full checkpoints (``mst_to_dino``)."""
+    loaded = load_training_checkpoint(checkpoint, out)
+    saved = mst_to_dino(loaded['state_dict'], checkpoint)
+    os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+    torch.save(saved, out)
+    print(f'Exported student and teacher ({len(saved["teacher"])} tensors each: backbone with '
+          "timm's names, DINO's head) and the centre in the layout of DINO's full "
+          f'checkpoints; dropped {", ".join(PRETRAIN_ONLY_KEYS)} and the image decoder '
+          f'(MST only). Wrote {out}; DINO reads it with --pretrained_weights {out} '
+          '--checkpoint_key teacher.')
+    return saved['teacher']
+
 
 def export_backbone_only(backbone: Dict[str, torch.Tensor], kind: str, loaded: dict,
                          checkpoint: str, out: str, target: str,

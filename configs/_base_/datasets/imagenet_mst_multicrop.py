@@ -10,15 +10,20 @@
 # The image is decoded once per sample, before MultiCrop. Broken images are skipped with a
 # warning (LoadImageOrSkip), up to the dataset's max_corrupt_images; a missing data_root or
 # missing listed images stop the run at start-up.
+# The workers decode and cut and resize the ten crops (crops_only=True), the part that needs
+# each image at its own size; the model's data preprocessor (MultiCropDataPreprocessor with
+# BatchViewAugment, _base_/models/mst_deit-s.py) does the rest on the GPU, batched. A worker
+# then spends a third of DINO's per-image time (docs/benchmarks.md), so 8 workers per GPU
+# keep a step fed; tools/slurm_train.sh gives each GPU as many cores (CPUS_PER_TASK).
 train_pipeline = [
     dict(type='LoadImageOrSkip'),
     dict(type='MultiCrop', global_size=224, local_size=96, num_local_crops=8,
-         global_scale=(0.4, 1.0), local_scale=(0.05, 0.4)),
+         global_scale=(0.4, 1.0), local_scale=(0.05, 0.4), crops_only=True),
     dict(type='PackInputs'),
 ]
 train_dataloader = dict(
     batch_size=128,
-    num_workers=10,
+    num_workers=8,
     persistent_workers=True,
     pin_memory=True,
     drop_last=True,

@@ -2,11 +2,16 @@
 # "Paper hyperparameters and the config keys that set them".
 model = dict(
     type='MST',
+    # The workers only cut and resize the crops (MultiCrop(crops_only=True) in
+    # _base_/datasets/imagenet_mst_multicrop.py); flip, colour jitter, grey, blur and
+    # solarisation run here, batched on the model's device, with MultiCrop's parameters.
     data_preprocessor=dict(
-        type='SelfSupDataPreprocessor',
+        type='MultiCropDataPreprocessor',
+        multi_crop=dict(type='BatchViewAugment', blur_radius=(0.1, 2.0)),
         mean=[123.675, 116.28, 103.53],
         std=[58.395, 57.12, 57.375],
-        to_rgb=True),
+        to_rgb=True,
+        non_blocking=True),        # the loader pins its memory: copies overlap the step
     backbone=dict(
         type='MaskViT',
         arch='deit-small',

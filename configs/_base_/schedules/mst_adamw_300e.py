@@ -9,8 +9,11 @@ base_lr = 2e-3  # 5e-4 * 1024 / 256
 
 optim_wrapper = dict(
     # DINO's gradient rules: per-parameter clipping, and the frozen last layer's gradient
-    # cancelled before the update (FreezeLastLayerHook). `--amp` picks its AMP twin.
+    # cancelled before the update (FreezeLastLayerHook).
     type='DINOOptimWrapper',
+    # Mixed precision on a GPU, as DINO's --use_fp16 default: bfloat16 where the GPU has it,
+    # else float16 with loss scaling; float32 on a CPU. None: float32 (TF32 on a GPU).
+    mixed_precision='auto',
     # mmengine's constructor, without a warning for each EMA-teacher parameter (the
     # optimiser never sees them either way): the same parameter groups.
     constructor='StudentOptimWrapperConstructor',

@@ -12,7 +12,11 @@ from mmpretrain.registry import HOOKS
 @HOOKS.register_module()
 class RandomStateHook(Hook):
     """Saves the torch, CUDA, numpy and Python generator states with each checkpoint (rank 0
-    saves) and restores them on resume, where mmengine re-seeds (docs/reliability.md)."""
+    saves) and restores them on resume, where mmengine re-seeds (docs/reliability.md).
+
+    The CUDA state is this process's own device's (``torch.cuda.current_device()``): each
+    rank draws on its own GPU only. Checkpoints that hold a list, one state per visible GPU
+    (earlier versions), give the entry of the current device's index."""
     priority = 'LOWEST'  # restore after every other hook's before_train
 
     def __init__(self) -> None:
@@ -22,7 +26,8 @@ class RandomStateHook(Hook):
         state = dict(torch=torch.get_rng_state(), numpy=np.random.get_state(),
                      python=random.getstate())
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state['cuda'] = torch.cuda.get_rng_state_all()
+            # get_rng_state_all() would create a context on every visible GPU of the node.
+            state['cuda'] = torch.cuda.get_rng_state(torch.cuda.current_device())
         checkpoint['random_state'] = state
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
@@ -40,4 +45,9 @@ class RandomStateHook(Hook):
         np.random.set_state(state['numpy'])
         random.setstate(state['python'])
         if 'cuda' in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in state['cuda']])
+            device = torch.cuda.current_device()
+            cuda = state['cuda']
+            if isinstance(cuda, (list, tuple)):  # one state per visible GPU
+                cuda = cuda[device] if device < len(cuda) else None
+            if cuda is not None:
+                torch.cuda.set_rng_state(cuda.cpu(), device)

@@ -1,5 +1,5 @@
 """DINO's two gradient rules between backward and update, as mmengine optimiser wrappers."""
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 import torch
 import torch.nn as nn
@@ -10,9 +10,11 @@ from mmengine.registry import OPTIM_WRAPPERS  # the root one: every scope finds 
 class DINOGradientRulesMixin:
     r"""DINO's rules before every update. ``clip_grad=dict(type='per_param', max_norm=c)``
     (DINO's ``clip_gradients``; mmengine clips only globally or by value):
-    :math:`g_p \leftarrow g_p \min\big(1, c / (\lVert g_p\rVert_2 + 10^{-6})\big)`, logging
-    ``train/grad_norm`` (before) and ``train/grad_clipped_ratio``. :meth:`freeze`'s parameters
-    lose their gradient after backward: no step, no decay, no ``find_unused_parameters``."""
+    :math:`g_p \leftarrow g_p \min\big(1, c / (\lVert g_p\rVert_2 + 10^{-6})\big)`, with
+    ``grad_norm`` (the global norm before) and ``grad_clipped_ratio`` (the share of clipped
+    tensors) kept as tensors until :meth:`pop_grad_stats` (``ScheduleLoggerHook`` logs them as
+    ``train/...`` after each iteration). :meth:`freeze`'s parameters lose their gradient after
+    backward: no step, no decay, no ``find_unused_parameters``."""
 
     def __init__(self, *args, clip_grad: Optional[dict] = None, **kwargs) -> None:
         max_norm = None
@@ -27,6 +29,7 @@ class DINOGradientRulesMixin:
             # Non-empty, so that AmpOptimWrapper unscales the gradients before `_clip_grad`.
             self.clip_grad_kwargs = dict(max_norm=max_norm)
         self._frozen: List[nn.Parameter] = []
+        self._grad_stats: Dict[str, torch.Tensor] = {}
 
     def freeze(self, params: Iterable[nn.Parameter]) -> None:
         """Cancel the gradients of ``params`` at every following step (empty: none)."""
@@ -35,6 +38,16 @@ class DINOGradientRulesMixin:
     @property
     def frozen_params(self) -> List[nn.Parameter]:  # those whose gradients the next step cancels
         return list(self._frozen)
+
+    def pop_grad_stats(self) -> Dict[str, torch.Tensor]:
+        """The last clipping's statistics, 0-dim tensors on the gradients' device, and forget
+        them (empty: no clipping since the last call).
+
+        They stay on the device because reading one waits for the whole step: the logger
+        reads them after the iteration, where it reads the losses anyway.
+        """
+        stats, self._grad_stats = self._grad_stats, {}
+        return stats
 
     def step(self, **kwargs) -> None:
         for param in self._frozen:
@@ -52,9 +65,8 @@ class DINOGradientRulesMixin:
         # Multiplying by exactly 1 leaves an unclipped gradient bit for bit as it was.
         factors = norms.add(1e-6).reciprocal_().mul_(self.per_param_max_norm).clamp_(max=1.0)
         torch._foreach_mul_(grads, list(factors.unbind()))
-        self.message_hub.update_scalar('train/grad_norm', float(torch.linalg.vector_norm(norms)))
-        self.message_hub.update_scalar('train/grad_clipped_ratio',
-                                       float((factors < 1).float().mean()))
+        self._grad_stats = dict(grad_norm=torch.linalg.vector_norm(norms),
+                                grad_clipped_ratio=(factors < 1).float().mean())
 
 
 @OPTIM_WRAPPERS.register_module()

@@ -107,11 +107,15 @@ class DINODistillHead(BaseModule):
         with torch.autocast(device_type=teacher_p.device.type, enabled=False):
             pair_sums = -torch.mm(teacher_p.reshape(num_global, -1),
                                   student_logp.reshape(num_crops, -1).t())
-        other_view = ~torch.eye(num_global, num_crops, dtype=torch.bool,
-                                device=pair_sums.device)
+        # The pairs j != i in row-major order, as a boolean mask off the diagonal would pick
+        # them, but by position: the m-th is entry m + 1 + m // V of the flat table (each
+        # teacher crop is among the V student crops). The mask's `nonzero` would be a host
+        # synchronisation, in the forward and again in the backward.
+        kept = torch.arange(num_global * (num_crops - 1), device=pair_sums.device)
+        other_views = pair_sums.flatten().gather(0, kept + 1 + kept // num_crops)
         self.update_center(teacher_out)
         pairs = num_global * num_crops - min(num_global, num_crops)
-        cross_entropy = pair_sums[other_view].sum() / (batch * pairs)
+        cross_entropy = other_views.sum() / (batch * pairs)
         with torch.no_grad():
             # Every teacher crop meets the same number of student crops, so the pairs'
             # mean teacher entropy is the plain mean over the teacher's samples.

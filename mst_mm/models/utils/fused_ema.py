@@ -27,7 +27,9 @@ class FusedCosineEMA(CosineEMA):
     weight of the *new* value: DINO's 0.996 is ``momentum=0.004``), ``avg_func``, the
     ``steps`` buffer and the state dict, so checkpoints of either class load into the
     other. The result equals ``CosineEMA``'s up to the rounding of ``lerp`` against
-    ``mul``/``add`` (one unit in the last place).
+    ``mul``/``add`` (one unit in the last place). The update count that picks the momentum
+    is kept as a Python int beside ``steps`` (set again when a state dict is loaded), so no
+    step reads the buffer back from the device.
 
     Args:
         model (nn.Module): The model to average (the teacher's starting copy).
@@ -47,6 +49,12 @@ class FusedCosineEMA(CosineEMA):
         self._integers: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._buffer_targets: List[torch.Tensor] = []
         self._buffer_sources: List[torch.Tensor] = []
+        # `steps` as a Python int: reading the buffer would wait for the device every step.
+        self._host_steps = int(self.steps)
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._host_steps = int(self.steps)  # a resume's one read, outside the steps
 
     def momentum_at(self, steps: int) -> float:
         """The weight of the new value at update ``steps`` (CosineEMA's cosine rule).
@@ -95,8 +103,9 @@ class FusedCosineEMA(CosineEMA):
         self._pair_with(model)
         if any(avg.device != src.device for avg, src in zip(self._averaged, self._sources)):
             # A teacher kept on another device (the `device` argument): mmengine's loop.
+            self._host_steps += 1
             return super().update_parameters(model)
-        steps = int(self.steps)
+        steps = self._host_steps
         if steps == 0:
             torch._foreach_copy_(self._averaged, self._sources)
             for target, source in self._integers:
@@ -106,3 +115,4 @@ class FusedCosineEMA(CosineEMA):
         if self._buffer_targets:
             torch._foreach_copy_(self._buffer_targets, self._buffer_sources)
         self.steps += 1
+        self._host_steps += 1

@@ -1,0 +1,56 @@
+"""Mixed precision by default on GPUs: ``optim_wrapper.mixed_precision`` picks the wrapper.
+
+mmengine turns mixed precision on only through the wrapper's type (``AmpOptimWrapper``, or
+``--amp``), so a config cannot ask for "mixed precision where there is a GPU"; this does.
+"""
+import logging
+
+import torch
+from mmengine.logging import print_log
+
+from .optimizers import AMP_OPTIM_WRAPPERS
+
+MIXED_PRECISION = ('auto', 'bfloat16', 'float16', None)
+
+
+def resolve_mixed_precision(optim_wrapper_cfg: dict) -> dict:
+    """The wrapper config that ``optim_wrapper_cfg['mixed_precision']`` asks for, without it.
+
+    - ``'auto'``: on a CUDA GPU, bfloat16 where the GPU supports it (no loss scaling, so no
+      host synchronisation in the step), else float16 with dynamic loss scaling (as DINO's
+      ``--use_fp16``); without CUDA, float32 (CPU runs are unchanged).
+    - ``'bfloat16'`` or ``'float16'``: that type, as above, on any device.
+    - ``None`` (or the key absent): float32; on a GPU with TF32 matrix products.
+
+    A wrapper that is mixed precision already (``--amp``, ``AmpOptimWrapper``) is kept.
+    """
+    cfg = dict(optim_wrapper_cfg)
+    choice = cfg.pop('mixed_precision', None)
+    if choice not in MIXED_PRECISION:
+        raise ValueError(f'optim_wrapper.mixed_precision must be one of {MIXED_PRECISION}, got '
+                         f'{choice!r}: use None for float32.')
+    wrapper = cfg.get('type', 'OptimWrapper')
+    if AMP_OPTIM_WRAPPERS.get(wrapper) == wrapper:  # mixed precision already
+        return cfg
+    on_gpu = torch.cuda.is_available()
+    if choice == 'auto':
+        choice = None if not on_gpu else (
+            'bfloat16' if torch.cuda.is_bf16_supported() else 'float16')
+    if choice is None:
+        if on_gpu:
+            # float32 runs its matrix products on TF32 tensor cores, as most GPU recipes do.
+            torch.set_float32_matmul_precision('high')
+            print_log('Training in float32 with TF32 matrix products '
+                      '(optim_wrapper.mixed_precision=None).', logger='current',
+                      level=logging.INFO)
+        return cfg
+    if wrapper not in AMP_OPTIM_WRAPPERS:
+        raise ValueError(f'optim_wrapper.mixed_precision={choice!r} needs a wrapper with a '
+                         f'mixed-precision counterpart, one of {sorted(AMP_OPTIM_WRAPPERS)}; '
+                         f'got {wrapper!r}.')
+    # bfloat16 has float32's range: a loss scaler would only add a host read per step.
+    loss_scale = dict(enabled=False) if choice == 'bfloat16' else 'dynamic'
+    cfg.update(type=AMP_OPTIM_WRAPPERS[wrapper], dtype=choice, loss_scale=loss_scale)
+    print_log(f'Training in mixed precision, {choice} (optim_wrapper.mixed_precision; '
+              'None trains in float32).', logger='current', level=logging.INFO)
+    return cfg

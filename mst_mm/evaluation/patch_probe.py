@@ -1,0 +1,341 @@
+r"""A frozen patch-feature probe: a linear classifier on each patch token, scored as mIoU.
+
+The probe of DINOv2 and iBOT's linear segmentation, at the scale of one object per image:
+
+1. **Features.** The frozen last-layer patch tokens :math:`f_{n,ij} \in \mathbb{R}^C` of
+   image :math:`n` (:func:`embed_patches`), or its raw pixels, each patch's :math:`3 p^2`
+   values flattened (:func:`pixel_patches`), the baseline every learned feature must beat.
+2. **Labels.** From the object's pixel mask :math:`m_n \in \{0, 1\}^{H \times W}` and the
+   image's class :math:`c_n \in \{1..K\}` (0 is background): :func:`patch_labels` at the
+   patch grid, :func:`pixel_labels` at the pixels.
+3. **Classifier.** One linear layer shared by all patches (a 1 x 1 convolution),
+   :math:`s_{ij} = W \hat f_{ij} + b`, trained by cross-entropy on the training images'
+   patches (:func:`train_patch_probe`, full-batch L-BFGS by default); :math:`\hat f` is
+   standardised with the training patches' statistics.
+4. **Score.** mIoU over the K + 1 classes (:func:`mean_iou`), at the patch grid
+   (:math:`\arg\max_k s_{ij,k}`) and at the pixels, the scores upsampled bilinearly to the
+   image size before the argmax (:func:`predict_pixels`).
+
+:func:`patch_probe_miou` does 2-4 on features already computed.
+"""
+import math
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+OPTIMIZERS = ('adamw', 'sgd', 'lbfgs')
+NORMALIZATIONS = ('standardize', 'none')
+# The defaults of train_patch_probe, also written with every result (to be chosen on the
+# validation split). L-BFGS by default, as linear_probe_top1: full batch and deterministic, it
+# runs close to the optimum, so the score depends on the features more than on where a
+# schedule stops; a short AdamW run on planted features leaves the frequent background a
+# larger margin, which moves the upsampled borders into the objects (tests/test_patch_probe).
+DEFAULT_SETTINGS = dict(optimizer='lbfgs', epochs=100, lr=None, weight_decay=1e-4,
+                        batch_size=1024, normalize='standardize', seed=0)
+# lr=None: the optimiser's own (L-BFGS's unit step, with its line search).
+DEFAULT_LR = dict(lbfgs=1.0, adamw=1e-2, sgd=0.1)
+
+
+# ------------------------------------------------------------------------------- labels
+def patch_labels(masks: torch.Tensor, classes: torch.Tensor, patch_size: int) -> torch.Tensor:
+    r"""(N, H, W) bool object masks and (N,) classes in 1..K -> (N, H/p, W/p) patch labels.
+
+    A patch is the object's when at least half of its :math:`p^2` pixels are:
+
+    .. math::
+        y_{n,ij} = c_n \cdot \mathbb{1}\Big[\frac{1}{p^2} \sum_{(u, v) \in P_{ij}}
+        m_n(u, v) \ge \tfrac{1}{2}\Big],
+
+    else background, 0: the rule of ``mst_mm.evidence.guidance.patch_object_mask``, so that
+    the probe's object patches are the ones the guidance shares count.
+    """
+    if masks.dim() != 3 or classes.shape != masks.shape[:1]:
+        raise ValueError(f'masks must be (N, H, W) and classes (N,), got '
+                         f'{tuple(masks.shape)} and {tuple(classes.shape)}.')
+    _check_divisible(masks.shape[-2:], patch_size)
+    cover = F.avg_pool2d(masks[:, None].float(), patch_size)[:, 0]  # (N, h, w) in [0, 1]
+    return (cover >= 0.5).long() * classes.long()[:, None, None]
+
+
+def pixel_labels(masks: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+    r"""(N, H, W) bool masks and (N,) classes -> (N, H, W) labels
+    :math:`y_n(u, v) = c_n \, m_n(u, v)`."""
+    return masks.long() * classes.long()[:, None, None]
+
+
+def _check_divisible(size: Sequence[int], patch_size: int) -> None:
+    if any(s % patch_size for s in size):
+        raise ValueError(f'The image size {tuple(size)} is not a multiple of the patch size '
+                         f'{patch_size}: patches would straddle the border.')
+
+
+# ----------------------------------------------------------------------------- features
+def pixel_patches(images: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """(N, 3, H, W) images -> (N, 3 p^2, H/p, W/p) float: each patch's pixels, flattened
+    channel by channel and row by row, as its feature (the raw-pixels row)."""
+    n, c, h, w = images.shape
+    _check_divisible((h, w), patch_size)
+    cols = F.unfold(images.float(), patch_size, stride=patch_size)  # (N, C p^2, h w)
+    return cols.reshape(n, c * patch_size ** 2, h // patch_size, w // patch_size)
+
+
+@torch.no_grad()
+def embed_patches(backbone: nn.Module, batches: Iterable[torch.Tensor], mean: Sequence[float],
+                  std: Sequence[float]) -> torch.Tensor:
+    r"""The final-normed last-layer patch tokens (N, C, h, w) of (B, 3, H, W) image batches,
+    normalised as in training, :math:`(x - mean) / std`, by an MST backbone's
+    ``forward_mst(..., with_patches=True)`` in eval mode (no [MASK]: the frozen features)."""
+    device = next(backbone.parameters()).device
+    mean = torch.as_tensor(mean, dtype=torch.float, device=device).reshape(1, -1, 1, 1)
+    std = torch.as_tensor(std, dtype=torch.float, device=device).reshape(1, -1, 1, 1)
+    was_training = backbone.training
+    backbone.eval()
+    maps = [backbone.forward_mst((images.to(device).float() - mean) / std,
+                                 with_patches=True).feat_map.cpu() for images in batches]
+    backbone.train(was_training)
+    return torch.cat(maps)
+
+
+def load_frozen_backbone(backbone_cfg: dict, checkpoint: Optional[str],
+                         weights: str = 'teacher') -> nn.Module:
+    """The config's MST ViT (``model.backbone``, without the [MASK] embedding) in eval mode,
+    with the weights of ``checkpoint``, read weights-only, every weight required:
+
+    - an MST training checkpoint: its EMA teacher's backbone (``weights='student'``: the
+      student's), as the k-NN and linear probes read it;
+    - a checkpoint with ``backbone.*`` keys (the evidence run's supervised ViT);
+    - a backbone alone (``tools/model_converters/mst2downstream.py --target mmpretrain``).
+
+    ``checkpoint=None`` keeps the random initialisation (``init_weights``).
+    """
+    from mmpretrain.registry import MODELS
+
+    from mst_mm.engine.safe_loading import load_checked, read_checkpoint
+    from mst_mm.models.export import SOURCE_PREFIXES, extract_backbone
+    backbone = MODELS.build(dict(backbone_cfg, use_mask_token=False))
+    if checkpoint is None:
+        backbone.init_weights()
+    else:
+        state = read_checkpoint(checkpoint, map_location='cpu')
+        state = state.get('state_dict', state) if isinstance(state, dict) else {}
+        if any(k.startswith(SOURCE_PREFIXES['teacher']) for k in state):
+            state = extract_backbone(state, weights, checkpoint)
+        elif any(k.startswith('backbone.') for k in state):
+            state = {k[len('backbone.'):]: v for k, v in state.items()
+                     if k.startswith('backbone.')}
+        load_checked(backbone, state, checkpoint, "the config's backbone",
+                     'Give an MST training checkpoint of this config, or its backbone.',
+                     strict=True)
+    backbone.eval()  # mmpretrain's ViT.train returns None: no chaining
+    return backbone
+
+
+# ---------------------------------------------------------------------------- classifier
+class PatchProbe(nn.Module):
+    r"""A 1 x 1 linear layer on frozen (N, C, h, w) feature maps:
+    :math:`s_{ij} = W \, (f_{ij} - \mu) / \sigma + b`, scores (N, K, h, w); :math:`\mu,
+    \sigma` are fixed buffers (the training patches' statistics, or 0 and 1)."""
+
+    def __init__(self, channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(channels, num_classes)
+        self.register_buffer('mean', torch.zeros(channels))
+        self.register_buffer('std', torch.ones(channels))
+
+    def classify(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(M, C) tokens -> (M, K) scores."""
+        return self.linear((tokens - self.mean) / self.std)
+
+    def forward(self, feat_map: torch.Tensor) -> torch.Tensor:
+        return self.classify(feat_map.movedim(1, -1)).movedim(-1, 1)
+
+
+def _tokens(feat_map: torch.Tensor) -> torch.Tensor:
+    """(N, C, h, w) -> (N h w, C), patches in the order that (N, h, w) labels flatten."""
+    return feat_map.movedim(1, -1).reshape(-1, feat_map.shape[1]).float()
+
+
+def train_patch_probe(feats: torch.Tensor, labels: torch.Tensor, num_classes: int,
+                      optimizer: str = 'lbfgs', epochs: int = 100, lr: Optional[float] = None,
+                      weight_decay: float = 1e-4, batch_size: int = 1024,
+                      normalize: str = 'standardize', seed: int = 0) -> PatchProbe:
+    r"""A :class:`PatchProbe` fit to (N, C, h, w) frozen features and (N, h, w) labels:
+
+    .. math::
+        \min_{W, b} \frac{1}{|P|} \sum_{(n, ij) \in P} \mathrm{CE}(W \hat f_{n,ij} + b,
+        y_{n,ij}) + \lambda \|W\|^2
+
+    over every training patch :math:`P`, :math:`\lambda` = ``weight_decay`` (``lbfgs``; for
+    ``adamw`` and ``sgd`` it is the optimiser's weight decay, on :math:`W` and :math:`b`).
+    An epoch is one pass over the patches: shuffled minibatches of ``batch_size`` with a
+    cosine-decayed ``lr`` (``adamw``; ``sgd`` with momentum 0.9, as DINO's linear probe), or
+    one full-batch L-BFGS iteration (``lbfgs``, ``lr`` its step); ``lr=None`` takes
+    ``DEFAULT_LR[optimizer]``.
+    ``normalize='standardize'`` fixes :math:`\hat f = (f - \mu) / \sigma` with the training
+    patches' per-channel statistics (a frozen BatchNorm); ``'none'`` keeps :math:`f`. Seeded
+    by ``seed`` (initialisation and order), so a rerun gives the same probe.
+    """
+    if optimizer not in OPTIMIZERS or normalize not in NORMALIZATIONS:
+        raise ValueError(f'optimizer must be one of {OPTIMIZERS} and normalize one of '
+                         f'{NORMALIZATIONS}, got {optimizer!r} and {normalize!r}.')
+    if feats.shape[0] != labels.shape[0] or feats.shape[2:] != labels.shape[1:]:
+        raise ValueError(f'feats (N, C, h, w) {tuple(feats.shape)} and labels (N, h, w) '
+                         f'{tuple(labels.shape)} do not match.')
+    lr = DEFAULT_LR[optimizer] if lr is None else lr
+    x, y = _tokens(feats), labels.reshape(-1).long()
+    generator = torch.Generator().manual_seed(seed)
+    probe = PatchProbe(x.shape[1], num_classes)
+    with torch.no_grad():
+        nn.init.normal_(probe.linear.weight, std=0.01, generator=generator)
+        nn.init.zeros_(probe.linear.bias)
+        if normalize == 'standardize':
+            probe.mean.copy_(x.mean(0))
+            probe.std.copy_(x.std(0) + 1e-6)   # constant channels (a flat pixel) stay finite
+    params = list(probe.linear.parameters())
+    with torch.enable_grad():
+        if optimizer == 'lbfgs':
+            _fit_lbfgs(probe, x, y, params, epochs, lr, weight_decay)
+        else:
+            _fit_minibatch(probe, x, y, params, optimizer, epochs, lr, weight_decay,
+                           batch_size, generator)
+    return probe.eval()
+
+
+def _fit_lbfgs(probe: PatchProbe, x: torch.Tensor, y: torch.Tensor, params: List[torch.Tensor],
+               epochs: int, lr: float, weight_decay: float) -> None:
+    solver = torch.optim.LBFGS(params, lr=lr, max_iter=epochs, history_size=20,
+                               line_search_fn='strong_wolfe')
+
+    def closure() -> torch.Tensor:
+        solver.zero_grad()
+        loss = (F.cross_entropy(probe.classify(x), y)
+                + weight_decay * probe.linear.weight.pow(2).sum())
+        loss.backward()
+        return loss
+
+    solver.step(closure)
+
+
+def _fit_minibatch(probe: PatchProbe, x: torch.Tensor, y: torch.Tensor,
+                   params: List[torch.Tensor], optimizer: str, epochs: int, lr: float,
+                   weight_decay: float, batch_size: int, generator: torch.Generator) -> None:
+    if optimizer == 'adamw':
+        solver = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    else:
+        solver = torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay)
+    steps_per_epoch = math.ceil(len(x) / batch_size)
+    # Cosine to 0: the last iterate averages out minibatch noise, so the score depends on
+    # the features more than on where the schedule stops.
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(solver, epochs * steps_per_epoch)
+    for _ in range(epochs):
+        order = torch.randperm(len(x), generator=generator)
+        for start in range(0, len(x), batch_size):
+            batch = order[start:start + batch_size]
+            loss = F.cross_entropy(probe.classify(x[batch]), y[batch])
+            solver.zero_grad()
+            loss.backward()
+            solver.step()
+            schedule.step()
+
+
+# --------------------------------------------------------------------------------- score
+def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """(K, K) int64 counts, rows the true class, columns the predicted one."""
+    index = target.reshape(-1).long() * num_classes + pred.reshape(-1).long()
+    return torch.bincount(index, minlength=num_classes ** 2).reshape(num_classes, num_classes)
+
+
+def mean_iou(confusion: torch.Tensor) -> Tuple[float, List[Optional[float]]]:
+    r"""mIoU (%) and the per-class IoU of a confusion matrix pooled over the whole set:
+
+    .. math::
+        \mathrm{IoU}_k = \frac{TP_k}{TP_k + FP_k + FN_k}, \qquad
+        \mathrm{mIoU} = \frac{100}{|\mathcal{K}|} \sum_{k \in \mathcal{K}} \mathrm{IoU}_k,
+        \quad \mathcal{K} = \{k : TP_k + FP_k + FN_k > 0\}.
+
+    A class absent from both the truth and the prediction (0 / 0) does not count: it is left
+    out of the mean and its IoU is None (mmseg's ``IoUMetric`` does the same with nanmean). A
+    class present in only one of them counts, with IoU 0.
+    """
+    confusion = confusion.double()
+    tp = confusion.diag()
+    union = confusion.sum(0) + confusion.sum(1) - tp   # TP + FP + FN
+    present = union > 0
+    iou = tp / union.clamp(min=1)
+    per_class = [float(v) if p else None for v, p in zip(iou, present)]
+    return float(iou[present].mean() * 100) if present.any() else float('nan'), per_class
+
+
+@torch.no_grad()
+def predict_pixels(scores: torch.Tensor, image_size: Tuple[int, int]) -> torch.Tensor:
+    r"""(N, K, h, w) patch scores -> (N, H, W) pixel classes:
+    :math:`\hat y(u) = \arg\max_k \sum_{ij} \beta_{ij}(u) \, s_{ij,k}`, with
+    :math:`\beta` the bilinear weights of the patch centres (``align_corners=False``)."""
+    return F.interpolate(scores, size=tuple(image_size), mode='bilinear',
+                         align_corners=False).argmax(1)
+
+
+@torch.no_grad()
+def evaluate_patch_probe(probe: PatchProbe, feats: torch.Tensor, patch_target: torch.Tensor,
+                         pixel_target: torch.Tensor, batch_size: int = 500) -> Dict[str, object]:
+    """mIoU (%) and per-class IoU of ``probe`` on (N, C, h, w) features against (N, h, w)
+    patch labels and (N, H, W) pixel labels, at the patch grid and at the pixels."""
+    num_classes = probe.linear.out_features
+    patch_conf = torch.zeros(num_classes, num_classes, dtype=torch.long)
+    pixel_conf = torch.zeros_like(patch_conf)
+    # In batches: the upsampled scores of 2,000 32 x 32 images would be 90 MB at once.
+    for start in range(0, len(feats), batch_size):
+        scores = probe(feats[start:start + batch_size].float())
+        patch_conf += confusion_matrix(scores.argmax(1), patch_target[start:start + batch_size],
+                                       num_classes)
+        pixels = pixel_target[start:start + batch_size]
+        pixel_conf += confusion_matrix(predict_pixels(scores, pixels.shape[-2:]), pixels,
+                                       num_classes)
+    patch_miou, patch_iou = mean_iou(patch_conf)
+    pixel_miou, pixel_iou = mean_iou(pixel_conf)
+    return dict(patch_miou=patch_miou, pixel_miou=pixel_miou, patch_iou=patch_iou,
+                pixel_iou=pixel_iou)
+
+
+def patch_probe_miou(train_feats: torch.Tensor, train_masks: torch.Tensor,
+                     train_classes: torch.Tensor, test_feats: torch.Tensor,
+                     test_masks: torch.Tensor, test_classes: torch.Tensor,
+                     num_classes: Optional[int] = None, **settings) -> Dict[str, object]:
+    """Train the probe on one set of images and score it on another (the test images, or a
+    validation split carved from the training images when choosing ``settings``).
+
+    Args:
+        train_feats, test_feats: (N, C, h, w) frozen features (:func:`embed_patches` or
+            :func:`pixel_patches`); the patch size is H / h.
+        train_masks, test_masks: (N, H, W) bool object masks.
+        train_classes, test_classes: (N,) the image's class, 1..K (0 is background).
+        num_classes: K + 1, background included (default: 1 + the largest class seen).
+        **settings: :func:`train_patch_probe`'s optimizer, epochs, lr, weight_decay,
+            batch_size, normalize, seed (its defaults otherwise).
+
+    Returns:
+        dict: ``patch_miou`` and ``pixel_miou`` (%), per-class ``patch_iou`` and
+        ``pixel_iou`` (None for a class absent from truth and prediction), ``num_classes``,
+        the object share of the test patches and the settings used.
+    """
+    unknown = set(settings) - set(DEFAULT_SETTINGS)
+    if unknown:
+        raise TypeError(f'unknown probe settings {sorted(unknown)}; the settings are '
+                        f'{sorted(DEFAULT_SETTINGS)}.')
+    settings = dict(DEFAULT_SETTINGS, **settings)
+    if settings['lr'] is None:   # written as used; an unknown optimiser is refused below
+        settings['lr'] = DEFAULT_LR.get(settings['optimizer'])
+    patch_size = train_masks.shape[-1] // train_feats.shape[-1]
+    if test_masks.shape[-1] // test_feats.shape[-1] != patch_size:
+        raise ValueError('The train and test features have different patch sizes.')
+    if num_classes is None:
+        num_classes = int(max(train_classes.max(), test_classes.max())) + 1
+    train_target = patch_labels(train_masks, train_classes, patch_size)
+    test_target = patch_labels(test_masks, test_classes, patch_size)
+    probe = train_patch_probe(train_feats, train_target, num_classes, **settings)
+    result = evaluate_patch_probe(probe, test_feats, test_target,
+                                  pixel_labels(test_masks, test_classes))
+    return dict(result, num_classes=num_classes, patch_size=patch_size,
+                object_patch_share=float((test_target > 0).float().mean()), settings=settings)

@@ -1,0 +1,221 @@
+"""No host synchronisation in the training step but the check of a finite loss.
+
+When Python reads a tensor's value (``.item()``, ``if tensor:``, ``float(tensor)``, ...) or
+calls an operation whose output size depends on the values (``nonzero``, boolean-mask
+indexing, ``unique``, ...), the host waits until the GPU has run everything queued before
+it, and the GPU then idles until the host queues more: every such read in a step costs a
+stall. On a GPU, ``torch.cuda.set_sync_debug_mode('warn')`` reports them as they happen, but
+only for CUDA tensors; here :class:`HostReads` records them on the CPU, where every tensor
+stands for the device one it would be, with the place in the code that caused each.
+"""
+import os
+import sys
+from typing import List, Tuple
+
+import pytest
+import torch
+from mmengine.config import Config
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mst_mm.models.heads import DINODistillHead
+from mst_mm.models.utils import FusedCosineEMA
+from tests.helpers import DEMO_CONFIG, REPO, load_tool
+
+TORCH_DIR = os.path.dirname(torch.__file__)
+
+# Operations that read values on the host (`_local_scalar_dense` is what item(), bool(),
+# float(), int() and __index__ of a tensor run) or size their output by the values.
+VALUE_READS = {'aten._local_scalar_dense', 'aten.nonzero', 'aten.masked_select',
+               'aten._unique2', 'aten.unique_dim', 'aten.unique_consecutive', 'aten.equal',
+               'aten.bincount'}
+MASK_INDEXING = {'aten.index', 'aten.index_put', 'aten.index_put_'}
+# Methods that copy a tensor to the host without an operation that the dispatcher sees
+# (`.to('cpu')` is not counted: on the CPU it cannot be told from a move to the model's
+# device). allclose reads its result inside its own kernel.
+HOST_COPIES = {'tolist', 'numpy', 'cpu', 'allclose'}
+# one_hot checks its values on the host on the CPU only (on CUDA a device-side assert).
+CPU_ONLY_CHECKS = {'one_hot'}
+
+THE_FINITE_LOSS_CHECK = ('aten._local_scalar_dense', 'mst_mm/models/algorithms/mst.py',
+                         'parse_losses')
+
+
+class HostReads:
+    """Context manager that records ``(operation, file, function)`` of every host read of
+    tensor values in its block: ``file`` and ``function`` are the innermost Python frame
+    outside torch (the repository's or a package's path)."""
+
+    def __init__(self) -> None:
+        self.reads: List[Tuple[str, str, str]] = []
+        self._cpu_only_depth = 0
+        outer = self
+
+        class Functions(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                name = getattr(func, '__name__', '')
+                if name in HOST_COPIES:
+                    outer._record(name)
+                outer._cpu_only_depth += name in CPU_ONLY_CHECKS
+                try:
+                    return func(*args, **(kwargs or {}))
+                finally:
+                    outer._cpu_only_depth -= name in CPU_ONLY_CHECKS
+
+        class Operations(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                name = func.overloadpacket._qualified_op_name.replace('::', '.')
+                if outer._cpu_only_depth == 0 and outer._reads_values(name, args, kwargs):
+                    outer._record(name)
+                return func(*args, **kwargs)
+
+        self._modes = (Functions(), Operations())
+
+    @staticmethod
+    def _reads_values(name: str, args: tuple, kwargs: dict) -> bool:
+        if name in VALUE_READS:
+            return True
+        if name == 'aten.repeat_interleave':  # tensor repeats (int ones reach no kernel)
+            return kwargs.get('output_size') is None  # else sized by the repeats' sum
+        if name in MASK_INDEXING:  # a boolean index runs nonzero, forward and backward
+            return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                       for i in args[1] if i is not None)
+        return False
+
+    def _record(self, name: str) -> None:
+        frame = sys._getframe(1)
+        while (frame.f_code.co_filename.startswith(TORCH_DIR)
+               or frame.f_code.co_qualname.startswith(HostReads.__name__ + '.')):
+            frame = frame.f_back
+        path = frame.f_code.co_filename
+        for root in (str(REPO) + os.sep, os.sep + 'site-packages' + os.sep):
+            path = path.split(root, 1)[-1]
+        self.reads.append((name, path, frame.f_code.co_name))
+
+    def __enter__(self) -> 'HostReads':
+        for mode in self._modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for mode in reversed(self._modes):
+            mode.__exit__(*exc)
+
+
+x = torch.linspace(-1, 1, 5)
+
+PLANTED = {
+    'item': lambda: x[0].item(),
+    'if tensor': lambda: 1 if x.sum() > 0 else 0,
+    'float': lambda: float(x.sum()),
+    'int': lambda: int(x.sum()),
+    'index': lambda: list(range(5))[x.argmax()],
+    'tolist': lambda: x.tolist(),
+    'numpy': lambda: x.numpy(),
+    'cpu': lambda: x.cpu(),
+    'nonzero': lambda: x.nonzero(),
+    'torch.where(cond)': lambda: torch.where(x > 0),
+    'boolean mask': lambda: x[x > 0],
+    'boolean mask assignment': lambda: x.clone().__setitem__(x > 0, 0.0),
+    'masked_select': lambda: x.masked_select(x > 0),
+    'unique': lambda: x.unique(),
+    'repeat_interleave by a tensor': lambda: x.repeat_interleave(torch.ones(5, dtype=int)),
+    'equal': lambda: torch.equal(x, x),
+    'allclose': lambda: torch.allclose(x, x),
+}
+# The same work without a read.
+UNREAD = {
+    'integer index': lambda: x[torch.tensor([0, 2])],
+    'torch.where(cond, a, b)': lambda: torch.where(x > 0, x, 0.0),
+    'repeat_interleave with output_size':
+        lambda: x.repeat_interleave(torch.ones(5, dtype=int), output_size=5),
+    'repeat_interleave by an int': lambda: x.repeat_interleave(2),
+    'a reduction': lambda: (x > 0).any(),
+    'one_hot on the CPU': lambda: torch.nn.functional.one_hot(torch.arange(3), 3),
+}
+
+
+@pytest.mark.parametrize('read', list(PLANTED))
+def test_each_kind_of_host_read_is_seen_where_it_is(read):
+    with HostReads() as counter:
+        PLANTED[read]()
+    assert counter.reads, read
+    assert {(path, function) for _, path, function in counter.reads} == {
+        ('tests/test_host_syncs.py', '<lambda>')}
+
+
+@pytest.mark.parametrize('work', list(UNREAD))
+def test_work_without_a_read_is_not_counted(work):
+    with HostReads() as counter:
+        UNREAD[work]()
+    assert counter.reads == []
+
+
+def test_a_read_in_the_backward_pass_is_seen():
+    w = torch.ones(5, requires_grad=True)
+    loss = (w * x)[x > 0].sum()
+    with HostReads() as counter:
+        loss.backward()
+    assert [name for name, _, _ in counter.reads] == ['aten.index_put']
+
+
+@pytest.mark.parametrize('steps', [1, 2])
+def test_a_training_step_reads_the_device_only_for_the_finite_loss_check(steps,
+                                                                          message_hub):
+    """The demo config's step, DeiT-S's in small: the data preprocessor's batched views,
+    teacher, mask, student, losses, backward, per-parameter clipping and fused AdamW. The
+    first step (the teacher's copy) and a later one (its EMA)."""
+    benchmark = load_tool('tools/analysis/benchmark.py')
+    cfg = Config.fromfile(DEMO_CONFIG)
+    model, optim_wrapper = benchmark.build_for_training(cfg, 'cpu')
+    batch = benchmark.synthetic_batch(cfg, batch_size=4)
+    for _ in range(steps - 1):
+        model.train_step(batch, optim_wrapper)
+    with HostReads() as counter:
+        model.train_step(batch, optim_wrapper)
+    # `if not torch.isfinite(total)`: the one wanted read, before the update.
+    assert counter.reads == [THE_FINITE_LOSS_CHECK]
+    assert optim_wrapper.pop_grad_stats()  # the clipping ran, its statistics unread
+
+
+def test_the_dino_loss_picks_its_pairs_without_a_mask_and_gives_the_same_bits():
+    """The pairs j != i by position, against boolean-mask indexing (the earlier code): the
+    same loss and the same gradients, bit for bit."""
+    torch.manual_seed(0)
+    global_crops, crops, batch, prototypes = 2, 6, 3, 16
+    student = torch.randn(crops * batch, prototypes, requires_grad=True)
+    teacher = torch.randn(global_crops * batch, prototypes)
+    head = DINODistillHead(prototypes)
+    with HostReads() as counter:
+        loss = head.loss(student, teacher)
+        loss.backward()
+    assert counter.reads == []
+
+    reference = student.detach().clone().requires_grad_()
+    teacher_p = torch.softmax(teacher / head.teacher_temp, dim=-1)  # the centre was 0
+    student_logp = torch.log_softmax(reference / head.student_temp, dim=-1)
+    pair_sums = -torch.mm(teacher_p.reshape(global_crops, -1),
+                          student_logp.reshape(crops, -1).t())
+    other_view = ~torch.eye(global_crops, crops, dtype=torch.bool)
+    expected = pair_sums[other_view].sum() / (batch * (global_crops * crops - global_crops))
+    expected.backward()
+    assert torch.equal(loss, expected)
+    assert torch.equal(student.grad, reference.grad)
+
+
+def test_the_teacher_counts_its_updates_on_the_host_and_a_load_sets_the_count(message_hub):
+    """FusedCosineEMA picks the momentum from a Python count, not the ``steps`` buffer; a
+    loaded state dict (a resume) sets the count from the buffer."""
+    student = torch.nn.Linear(3, 2)
+    trained = FusedCosineEMA(torch.nn.Linear(3, 2), momentum=0.1)
+    for _ in range(3):
+        trained.update_parameters(student)
+    resumed = FusedCosineEMA(torch.nn.Linear(3, 2), momentum=0.1)
+    resumed.load_state_dict(trained.state_dict())
+    momenta = []
+    resumed.momentum_at = lambda steps: momenta.append(steps) or 0.1
+    with HostReads() as counter:
+        resumed.update_parameters(student)
+    assert counter.reads == []
+    assert momenta == [3] and int(resumed.steps) == 4

@@ -1,0 +1,89 @@
+"""optim_wrapper.mixed_precision: mixed precision by default on a GPU, float32 on a CPU."""
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.optim import build_optim_wrapper
+from mmengine.registry import init_default_scope
+from mmpretrain.registry import MODELS
+
+import mst_mm  # noqa: F401
+from mst_mm.engine import DINOAmpOptimWrapper, DINOOptimWrapper
+from mst_mm.engine.mixed_precision import resolve_mixed_precision
+from tests.conftest import tiny_mst_cfg
+from tests.helpers import REPO
+
+WRAPPER = dict(type='DINOOptimWrapper', optimizer=dict(type='AdamW', lr=1e-3))
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A stand-in CUDA GPU for the choice: ``gpu(bf16=...)`` says what it supports."""
+    def make(bf16: bool) -> list:
+        precision = []
+        monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+        monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)  # mmengine's log line asks
+        monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *a, **k: bf16)
+        monkeypatch.setattr(torch, 'set_float32_matmul_precision', precision.append)
+        return precision
+    return make
+
+
+def test_auto_is_bfloat16_without_a_scaler_where_the_gpu_has_it(gpu):
+    gpu(bf16=True)
+    cfg = resolve_mixed_precision(dict(WRAPPER, mixed_precision='auto'))
+    assert cfg == dict(WRAPPER, type='DINOAmpOptimWrapper', dtype='bfloat16',
+                       loss_scale=dict(enabled=False))
+
+
+def test_auto_is_float16_with_dynamic_scaling_on_older_gpus(gpu):
+    gpu(bf16=False)
+    cfg = resolve_mixed_precision(dict(WRAPPER, mixed_precision='auto'))
+    assert cfg == dict(WRAPPER, type='DINOAmpOptimWrapper', dtype='float16',
+                       loss_scale='dynamic')
+
+
+def test_float32_turns_tf32_on_only_on_a_gpu(gpu, monkeypatch):
+    precision = gpu(bf16=True)
+    assert resolve_mixed_precision(dict(WRAPPER, mixed_precision=None)) == WRAPPER
+    assert precision == ['high']
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    precision.clear()
+    assert resolve_mixed_precision(dict(WRAPPER, mixed_precision=None)) == WRAPPER
+    assert precision == []
+
+
+def test_auto_on_a_cpu_is_float32_and_amp_wrappers_are_kept(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    assert resolve_mixed_precision(dict(WRAPPER, mixed_precision='auto')) == WRAPPER
+    amp = dict(WRAPPER, type='DINOAmpOptimWrapper', loss_scale='dynamic')
+    assert resolve_mixed_precision(dict(amp, mixed_precision='auto')) == amp  # --amp wins
+    assert resolve_mixed_precision(dict(WRAPPER, mixed_precision='float16'))['dtype'] == 'float16'
+    with pytest.raises(ValueError, match='mixed_precision must be one of'):
+        resolve_mixed_precision(dict(WRAPPER, mixed_precision='fp16'))
+    with pytest.raises(ValueError, match='mixed-precision counterpart'):
+        resolve_mixed_precision(dict(WRAPPER, type='ZeroRedundancyOptimizer',
+                                     mixed_precision='bfloat16'))
+
+
+@pytest.mark.parametrize('config', ['configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py',
+                                    'configs/mst/mst_swin-t-p4-w7_8xb128-coslr-100e_in1k.py'])
+def test_the_imagenet_configs_ask_for_mixed_precision_and_build_float32_on_a_cpu(
+        config, monkeypatch):
+    cfg = Config.fromfile(f'{REPO}/{config}')
+    assert cfg.optim_wrapper.mixed_precision == 'auto'
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    init_default_scope('mmpretrain')
+    model = MODELS.build(tiny_mst_cfg())
+    wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    assert type(wrapper) is DINOOptimWrapper
+
+
+def test_the_bfloat16_choice_builds_and_steps_without_a_loss_scale(monkeypatch):
+    from mmengine.optim.optimizer import amp_optimizer_wrapper
+    monkeypatch.setattr(amp_optimizer_wrapper, 'is_cuda_available', lambda: True)
+    init_default_scope('mmpretrain')
+    model = MODELS.build(tiny_mst_cfg())
+    wrapper = build_optim_wrapper(model, dict(
+        WRAPPER, constructor='StudentOptimWrapperConstructor', mixed_precision='bfloat16'))
+    assert type(wrapper) is DINOAmpOptimWrapper and wrapper.cast_dtype == torch.bfloat16
+    assert not wrapper.loss_scaler.is_enabled()

@@ -1,0 +1,74 @@
+"""RandomStateHook keeps the CUDA generator of this process's own GPU only, checked on the CPU
+with torch.cuda's functions replaced: reading every visible GPU's state would create a CUDA
+context on each of them, from every rank."""
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from mst_mm.engine.hooks import RandomStateHook
+
+CURRENT = 1  # this rank's GPU, of three visible
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    """Three fake GPUs whose generator states are distinct byte tensors; what was read from
+    and written to which device."""
+    states = {i: torch.full((16, ), i, dtype=torch.uint8) for i in range(3)}
+    calls = SimpleNamespace(read=[], written=[])
+
+    def get_rng_state(device='cuda'):
+        calls.read.append(device)
+        return states[device].clone()
+
+    def every_gpu():
+        raise AssertionError('get_rng_state_all touches every visible GPU')
+
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(cuda, 'is_initialized', lambda: True)
+    monkeypatch.setattr(cuda, 'current_device', lambda: CURRENT)
+    monkeypatch.setattr(cuda, 'get_rng_state', get_rng_state)
+    monkeypatch.setattr(cuda, 'get_rng_state_all', every_gpu)
+    monkeypatch.setattr(cuda, 'set_rng_state',
+                        lambda state, device='cuda': calls.written.append((device, state)))
+    monkeypatch.setattr(cuda, 'set_rng_state_all', every_gpu)
+    before = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    yield states, calls
+    torch.set_rng_state(before[0])
+    np.random.set_state(before[1])
+    random.setstate(before[2])
+
+
+def resume(checkpoint: dict) -> None:
+    hook = RandomStateHook()
+    hook.after_load_checkpoint(SimpleNamespace(_resume=True), checkpoint)
+    hook.before_train(None)
+
+
+def test_the_current_gpus_state_is_saved_and_put_back_on_it(gpus):
+    states, calls = gpus
+    checkpoint = {}
+    RandomStateHook().before_save_checkpoint(None, checkpoint)
+    assert calls.read == [CURRENT]
+    assert torch.equal(checkpoint['random_state']['cuda'], states[CURRENT])
+    resume(checkpoint)
+    [(device, state)] = calls.written
+    assert device == CURRENT and torch.equal(state, states[CURRENT])
+
+
+@pytest.mark.parametrize('visible', [3, 1])
+def test_an_earlier_list_of_every_gpus_state_gives_the_current_gpus_entry(gpus, visible):
+    states, calls = gpus
+    checkpoint = {}
+    RandomStateHook().before_save_checkpoint(None, checkpoint)
+    checkpoint['random_state']['cuda'] = [states[i] for i in range(visible)]
+    resume(checkpoint)
+    if visible > CURRENT:
+        [(device, state)] = calls.written
+        assert device == CURRENT and torch.equal(state, states[CURRENT])
+    else:  # saved where this GPU's index was not visible: nothing of its own to restore
+        assert calls.written == []
