@@ -91,7 +91,7 @@ def test_dry_run_writes_every_section_of_the_report(tmp_path):
         assert step in reference
     assert 'peak memory (GiB)' in reference
     # 4: the loader's figures against the step's
-    assert '- loader 1 workers: 200.0 images/s;' in text and 'x the mst step' in text
+    assert '- loader, 1 workers: 200.0 images/s;' in text and 'x the mst step' in text
     # 5: the probe before and after the epoch, the loss, the CPU figures
     learning = text.split('## 5.')[1]
     assert 'k-NN probe (top-1 %, k = 20) after epochs 0..1:' in learning

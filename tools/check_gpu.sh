@@ -39,7 +39,7 @@
 #      own step (main_dino.py's pieces, float16 autocast as DINO trains) at batch 128 per
 #      GPU: images/s, peak GPU memory, MFU (tools/analysis/benchmark.py --reference-dino);
 #   4. the data loader's images/s with 8 and 15 workers at batch 128 against the step's
-#      (tools/analysis/benchmark_loader.py; 'not available' where this checkout lacks it);
+#      (tools/analysis/benchmark_loader.py);
 #   5. a short learning run: the evidence recipe (MST-guided, seed 0, the k-NN probe every
 #      epoch; configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py through tools/train.py)
 #      on the GPU, against the CPU figures in docs/results/evidence_summary.json.
@@ -369,56 +369,30 @@ say "## 4. Data loader against the step"
 say
 LOADER_JSON="$LOGDIR/loader.json"
 rm -f "$LOADER_JSON"
+# CHECK_GPU_LOADER_TOOL: a stand-in for the dry-run test, which times no real loader.
 LOADER_TOOL="${CHECK_GPU_LOADER_TOOL:-tools/analysis/benchmark_loader.py}"
-if [ ! -f "$LOADER_TOOL" ]; then
-    say "- not available: $LOADER_TOOL is not in this checkout"
-    SUMMARY+=("| data loader | not available | 0 | 0 |")
-else
-    if [ "$DRY_RUN" = 1 ]; then LOADER_ARGS=(--workers 1 --batch-size 4); else
-        LOADER_ARGS=(--workers 8 15 --batch-size 128); fi
-    # Its warnings (mmcv-lite, pkg_resources) would bury its table in the report.
-    run_step "data loader" "$LIMIT_LOADER" loader.log env PYTHONWARNINGS=ignore \
-        "$PYTHON" "$LOADER_TOOL" "${LOADER_ARGS[@]}" --out "$LOADER_JSON"
-    code_block "$LOGDIR/loader.log" 25
-fi
-# The loader's images/s (any number under a key that says images per second) against the
-# MST step's, from the two JSON files, whatever else they hold.
+if [ "$DRY_RUN" = 1 ]; then LOADER_ARGS=(--workers 1 --batch-size 4); else
+    LOADER_ARGS=(--workers 8 15 --batch-size 128); fi
+# Its warnings (mmcv-lite, pkg_resources) would bury its table in the report.
+run_step "data loader" "$LIMIT_LOADER" loader.log env PYTHONWARNINGS=ignore \
+    "$PYTHON" "$LOADER_TOOL" "${LOADER_ARGS[@]}" --out "$LOADER_JSON"
+code_block "$LOGDIR/loader.log" 25
+# The loader's images/s with each number of workers against the steps' (step 3's JSON).
 "$PYTHON" - "$LOADER_JSON" "$REFERENCE_JSON" >> "$REPORT" 2>&1 <<'PY'
 import json, os, sys
 loader_path, reference_path = sys.argv[1:]
-
-def rates(node, path=()):
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from rates(value, path + (str(key),))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from rates(value, path + (str(i),))
-    elif isinstance(node, (int, float)) and not isinstance(node, bool) and path and any(
-            word in path[-1].lower() for word in ('images_per_s', 'images/s', 'img_per_s')):
-        yield '.'.join(path), float(node)
-
 steps = {}
 if os.path.isfile(reference_path):
     for model in json.load(open(reference_path))['models'].values():
-        steps = {k: v for k, v in model['images_per_second'].items()}
+        steps = dict(model['images_per_second'])
 if not os.path.isfile(loader_path):
-    print('- no loader figures' + ('' if steps else ', no step figures'))
+    print('- no loader figures')
     sys.exit(0)
-loader = json.load(open(loader_path))
-rows = loader.get('loader') if isinstance(loader, dict) else None
-if isinstance(rows, list) and all(isinstance(r, dict) and 'workers' in r for r in rows):
-    # benchmark_loader.py's own layout: one row per worker count
-    found = [(f'{r["workers"]} workers', r['images_per_second']) for r in rows
-             if isinstance(r.get('images_per_second'), (int, float))]
-else:
-    found = list(rates(loader))
-if not found:
-    print(f'- {os.path.basename(loader_path)} holds no images-per-second figure')
-for key, value in found:
-    line = f'- loader {key}: {value:.1f} images/s'
+for row in json.load(open(loader_path))['loader']:
+    line = f'- loader, {row["workers"]} workers: {row["images_per_second"]:.1f} images/s'
     if steps:
-        line += '; ' + ', '.join(f'{value / s:.2f} x the {name} step' for name, s in steps.items())
+        line += '; ' + ', '.join(f'{row["images_per_second"] / s:.2f} x the {name} step'
+                                 for name, s in steps.items())
     print(line)
 PY
 say

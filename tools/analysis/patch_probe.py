@@ -23,6 +23,7 @@ class, and scored on the test images as mIoU over background and the classes
 """
 import argparse
 import json
+import os
 import os.path as osp
 import sys
 
@@ -121,6 +122,7 @@ def main(argv=None) -> dict:
     result = dict(checkpoint=args.checkpoint, weights=args.weights,
                   split='validation' if args.validation else 'test', rows=rows)
     if args.out:
+        os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
         with open(args.out, 'w') as f:
             json.dump(result, f, indent=2)
     return result
