@@ -210,3 +210,24 @@ def test_validation_split_is_carved_from_the_training_images(objects_folder, mon
     assert not set(fit_idx) & set(val_idx) and len(set(fit_idx + val_idx)) == 30
     assert torch.equal(val.masks, train.masks[val_idx])
     assert torch.equal(val.classes, train.classes[val_idx])
+
+
+def patch_probe_rows(folder) -> list:
+    """docs/evidence.md's patch-probe table, rendered from the committed runs: raw pixels
+    (kept beside the random-init run), then one row per checkpoint, named by its file."""
+    rows = []
+    for name in ('random_init', 'dino', 'mst_guided_mask', 'supervised'):
+        result = json.loads((folder / f'{name}.json').read_text())
+        found = list(result['rows'].values())
+        if name == 'random_init':
+            rows.append(('raw pixels', result['rows']['raw_pixels']))
+            found = [v for k, v in result['rows'].items() if k != 'raw_pixels']
+        rows.append((name, found[0]))
+    return [f"| {name} | {r['patch_miou']:.2f} | {r['pixel_miou']:.2f} |" for name, r in rows]
+
+
+def test_the_docs_show_the_committed_6_epoch_patch_probe():
+    from tests.helpers import REPO
+    docs = (REPO / 'docs/evidence.md').read_text()
+    for row in patch_probe_rows(REPO / 'docs/results/patch_probe_6e'):
+        assert row in docs, row
