@@ -5,7 +5,7 @@
 
 Each batch size runs in a fresh process: the model and its optimiser are built and two
 training steps run (the data preprocessor's views, forward, backward, update). The figure is
-the process's peak: on a CPU its peak resident memory (``ru_maxrss``), on a GPU
+the process's peak: on a CPU its peak resident memory (``VmHWM``), on a GPU
 ``torch.cuda.max_memory_allocated``. Over two or more batch sizes, the slope of the peak is
 the memory per image (the activations that the backward pass keeps) and the intercept what
 does not grow with the batch (the model, its gradients, the optimiser's state and, on a CPU,
@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import os.path as osp
-import resource
 import subprocess
 import sys
 from typing import Dict, List, Optional
@@ -51,7 +50,15 @@ def step_memory_mib(config: str, batch_size: int, device: str) -> Dict[str, floa
         model.train_step(batch, optim_wrapper)
     if device.startswith('cuda'):
         return dict(peak=torch.cuda.max_memory_allocated() / 2**20)
-    return dict(peak=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # KiB
+    return dict(peak=_peak_resident_mib())
+
+
+def _peak_resident_mib() -> float:
+    """This process's peak resident memory since its exec (``VmHWM``). ``ru_maxrss`` would
+    start from the parent's at the fork (Linux keeps it across ``execve``)."""
+    with open('/proc/self/status') as f:
+        line = next(line for line in f if line.startswith('VmHWM:'))
+    return int(line.split()[1]) / 1024  # kB
 
 
 def fit(rows: List[dict]) -> Optional[Dict[str, float]]:
