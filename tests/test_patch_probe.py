@@ -231,3 +231,11 @@ def test_the_docs_show_the_committed_6_epoch_patch_probe():
     docs = (REPO / 'docs/evidence.md').read_text()
     for row in patch_probe_rows(REPO / 'docs/results/patch_probe_6e'):
         assert row in docs, row
+
+
+def test_the_docs_show_the_committed_50_epoch_patch_probe():
+    from tests.helpers import REPO
+    result = json.loads((REPO / 'docs/results/patch_probe_50e/dino.json').read_text())
+    (row,) = result['rows'].values()
+    assert (f"| dino, 50 epochs | {row['patch_miou']:.2f} | {row['pixel_miou']:.2f} |"
+            in (REPO / 'docs/evidence.md').read_text())
