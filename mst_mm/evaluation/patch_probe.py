@@ -19,7 +19,7 @@ The probe of DINOv2 and iBOT's linear segmentation, at the scale of one object p
 :func:`patch_probe_miou` does 2-4 on features already computed.
 """
 import math
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -79,23 +79,6 @@ def pixel_patches(images: torch.Tensor, patch_size: int) -> torch.Tensor:
     _check_divisible((h, w), patch_size)
     cols = F.unfold(images.float(), patch_size, stride=patch_size)  # (N, C p^2, h w)
     return cols.reshape(n, c * patch_size ** 2, h // patch_size, w // patch_size)
-
-
-@torch.no_grad()
-def embed_patches(backbone: nn.Module, batches: Iterable[torch.Tensor], mean: Sequence[float],
-                  std: Sequence[float]) -> torch.Tensor:
-    r"""The final-normed last-layer patch tokens (N, C, h, w) of (B, 3, H, W) image batches,
-    normalised as in training, :math:`(x - mean) / std`, by an MST backbone's
-    ``forward_mst(..., with_patches=True)`` in eval mode (no [MASK]: the frozen features)."""
-    device = next(backbone.parameters()).device
-    mean = torch.as_tensor(mean, dtype=torch.float, device=device).reshape(1, -1, 1, 1)
-    std = torch.as_tensor(std, dtype=torch.float, device=device).reshape(1, -1, 1, 1)
-    was_training = backbone.training
-    backbone.eval()
-    maps = [backbone.forward_mst((images.to(device).float() - mean) / std,
-                                 with_patches=True).feat_map.cpu() for images in batches]
-    backbone.train(was_training)
-    return torch.cat(maps)
 
 
 def load_frozen_backbone(backbone_cfg: dict, checkpoint: Optional[str],

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from ..evaluation.patch_probe import embed_patches, patch_probe_miou, pixel_patches
+from ..evaluation.patch_probe import patch_probe_miou, pixel_patches
+from ..models.algorithms.feature_embedder import embed_patches
 from .animal_shapes import load_object_masks, validation_split
 from .frozen_features import image_batches, load_class_folders
 

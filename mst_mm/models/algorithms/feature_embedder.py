@@ -2,9 +2,9 @@
 
 The one place where images are normalised and embedded: ``FeatureEmbedder`` for configs
 (``tools/analysis/knn_eval.py``), :func:`embed_images` for a backbone held in memory (the
-k-NN probe hook, the evidence run).
+k-NN probe hook, the evidence run), :func:`embed_patches` for its patch tokens (the patch probe).
 """
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
@@ -15,6 +15,24 @@ from mmpretrain.structures import DataSample
 TEACHER_BACKBONE = 'teacher.module.0.'
 
 
+def _forward_normalised(backbone: nn.Module, batches: Iterable[torch.Tensor],
+                        mean: Sequence[float], std: Sequence[float], bgr_to_rgb: bool = False,
+                        **forward_kwargs) -> Iterator:
+    """``backbone.forward_mst`` of each batch, normalised as in training,
+    :math:`(x - mean) / std`, in eval mode (the backbone's mode is put back at the end)."""
+    device = next(backbone.parameters()).device
+    mean = torch.as_tensor(mean, dtype=torch.float, device=device).reshape(1, -1, 1, 1)
+    std = torch.as_tensor(std, dtype=torch.float, device=device).reshape(1, -1, 1, 1)
+    was_training = backbone.training
+    backbone.eval()
+    for images in batches:
+        images = images.to(device).float()
+        if bgr_to_rgb:
+            images = images[:, [2, 1, 0]]
+        yield backbone.forward_mst((images - mean) / std, **forward_kwargs)
+    backbone.train(was_training)
+
+
 @torch.no_grad()
 def embed_images(backbone: nn.Module, batches: Iterable[torch.Tensor], mean: Sequence[float],
                  std: Sequence[float], bgr_to_rgb: bool = False,
@@ -22,21 +40,22 @@ def embed_images(backbone: nn.Module, batches: Iterable[torch.Tensor], mean: Seq
     """Embeddings (N, C) of (B, 3, H, W) image batches, normalised as in training,
     :math:`(x - mean) / std`, by an MST backbone's ``forward_mst`` in eval mode; with
     ``with_attn`` also its guidance (N, n), for a ViT the last layer's CLS attention."""
-    device = next(backbone.parameters()).device
-    mean = torch.as_tensor(mean, dtype=torch.float, device=device).reshape(1, -1, 1, 1)
-    std = torch.as_tensor(std, dtype=torch.float, device=device).reshape(1, -1, 1, 1)
-    was_training = backbone.training
-    backbone.eval()
     feats, attns = [], []
-    for images in batches:
-        images = images.to(device).float()
-        if bgr_to_rgb:
-            images = images[:, [2, 1, 0]]
-        out = backbone.forward_mst((images - mean) / std, with_attn=with_attn)
+    for out in _forward_normalised(backbone, batches, mean, std, bgr_to_rgb,
+                                   with_attn=with_attn):
         feats.append(out.global_feat.cpu())
         attns.append(out.attn.cpu() if with_attn else None)
-    backbone.train(was_training)
     return torch.cat(feats), (torch.cat(attns) if with_attn else None)
+
+
+@torch.no_grad()
+def embed_patches(backbone: nn.Module, batches: Iterable[torch.Tensor], mean: Sequence[float],
+                  std: Sequence[float]) -> torch.Tensor:
+    """The final-normed last-layer patch tokens (N, C, h, w) of (B, 3, H, W) image batches,
+    normalised and embedded as :func:`embed_images` does, with ``forward_mst(...,
+    with_patches=True)`` (no [MASK]: the frozen features)."""
+    return torch.cat([out.feat_map.cpu() for out in _forward_normalised(
+        backbone, batches, mean, std, with_patches=True)])
 
 
 @MODELS.register_module()
