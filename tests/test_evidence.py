@@ -64,11 +64,12 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
 
     assert summary == json.loads((out / 'summary.json').read_text())
     assert set(summary) == {'ln_k', 'image_views_per_run', 'knn_top1', 'linear_top1',
+                            'patch_probe_miou', 'patch_probe_pixel_miou', 'patch_probe_settings',
                             'last_loss_dino', 'knn_probe', 'guidance', 'transfer'}
     assert summary['image_views_per_run'] == 1 * 10 * 3   # one epoch of 3 images a class
     assert summary['transfer'] is None
     assert summary['ln_k'] == pytest.approx(math.log(1024))
-    for key in ('knn_top1', 'linear_top1'):
+    for key in ('knn_top1', 'linear_top1', 'patch_probe_miou', 'patch_probe_pixel_miou'):
         assert set(summary[key]) == {'raw_pixels', 'random_init', 'supervised', 'dino',
                                      'mst_guided_mask'}
         assert isinstance(summary[key]['raw_pixels'], float)
@@ -91,16 +92,60 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
     assert row['knn_probe'][-1][1] == pytest.approx(row['knn_top1'])
     assert summary['knn_probe']['mst_guided_mask'][0] == row['knn_probe']
     assert [c['epoch'] for c in row['guidance_by_epoch']] == [1]
+    # The patch probe is the package's, on the teacher's patch tokens, with the run's settings.
+    from mst_mm.evidence.patch_probe import masked_splits, probe_patches
+    model = evidence.build_model(evidence.pretrain_config(
+        evidence.VIT_CONFIG, 'mst_guided_mask', 0, dict(epochs=1), str(data_root), str(out)),
+        row['checkpoint'], 0)
+    splits = masked_splits(str(data_root / 'objects'))
+    by_hand = probe_patches(*splits, *evidence.teacher_of(model), **evidence.PATCH_PROBE)
+    assert row['patch_probe_miou'] == by_hand['patch_miou']
+    assert row['patch_probe_pixel_miou'] == by_hand['pixel_miou']
+    assert summary['patch_probe_settings'] == by_hand['settings']
+    raw = probe_patches(*splits, patch_size=4, **evidence.PATCH_PROBE)
+    assert summary['patch_probe_miou']['raw_pixels'] == raw['patch_miou']
     assert (out / 'pictures' / 'pretraining_curves.png').stat().st_size > 10_000
     assert (out / 'pictures' / 'evidence.png').stat().st_size > 10_000
     table = (out / 'evidence_table.md').read_text()
     assert '| raw pixels |' in table and '| mst_guided_mask | 2 |' in table
     assert '| supervised | 2 |' in table
 
-    # A second run skips every finished unit: same summary, no new training.
+    # A second run skips every finished unit: same summary, no new training; a unit stored
+    # without the patch probe (by older code) gets it from its checkpoint.
     mtime = (out / 'results' / 'dino_seed1.json').stat().st_mtime
+    old = out / 'results' / 'mst_guided_mask_seed1.json'
+    stored = json.loads(old.read_text())
+    old.write_text(json.dumps({k: v for k, v in stored.items() if 'patch_probe' not in k}))
     assert evidence.main(argv) == summary
     assert (out / 'results' / 'dino_seed1.json').stat().st_mtime == mtime
+    assert json.loads(old.read_text()) == stored
+
+    # The run's probes again from its teacher backbones, as mst2downstream.py exports them.
+    convert = load_tool('tools/model_converters/mst2downstream.py').main
+    for name in ('dino_seed0', 'dino_seed1', 'mst_guided_mask_seed0', 'supervised_seed0'):
+        weights = 'student' if name.startswith('supervised') else 'teacher'
+        unit = json.loads((out / 'results' / f'{name}.json').read_text())
+        convert([unit['checkpoint'], str(out / 'checkpoints' / f'{name}.pth'),
+                 '--target', 'mmpretrain', '--weights', weights])
+    capsys.readouterr()
+    again = evidence.main(['--data-root', str(data_root), '--out', str(tmp_path / 'again'),
+                           '--from-checkpoints', str(out)])
+    assert 'every recomputed value equals the committed one' in capsys.readouterr().out
+    for key in ('knn_top1', 'linear_top1', 'patch_probe_miou', 'patch_probe_pixel_miou'):
+        for row in ('raw_pixels', 'random_init', 'dino', 'supervised'):
+            assert again[key][row] == summary[key][row], (key, row)
+        # Seed 1 has no file here: its committed value is kept, seed 0's is recomputed.
+        assert again[key]['mst_guided_mask'] == summary[key]['mst_guided_mask']
+    assert again['guidance']['dino'] == summary['guidance']['dino']
+    assert again['knn_probe'] == summary['knn_probe']   # from training: kept as committed
+    assert (tmp_path / 'again' / 'pictures' / 'evidence.png').stat().st_size > 10_000
+    # A changed committed value is named, at its printed digit.
+    changed = dict(summary, knn_top1=dict(summary['knn_top1'], dino=[12.34, 0.0]))
+    (out / 'summary.json').write_text(json.dumps(changed))
+    _, differences = evidence.recomputed_summary(changed, dict(dino=[dict(
+        json.loads((tmp_path / 'again' / 'results' / 'dino_seed0.json').read_text()))]))
+    assert differences == [f"knn_top1 dino seed 0: committed 12.3, recomputed "
+                           f"{summary['knn_top1']['dino'][0]:.1f}"]
 
     # A unit's numbers do not depend on the lane it ran in: dino seed 1 again, in this process.
     alone = tmp_path / 'alone'

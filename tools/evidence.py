@@ -65,6 +65,9 @@ TRANSFER_FROM = ('random_init', 'dino', 'mst_guided_mask')
 TRANSFER_TARGETS = ('mmdet', 'mmseg')
 DEFAULT_DATA_ROOT = 'data/animal_shapes'
 KNN_K = 20
+# The frozen patch probe's settings (mst_mm.evaluation.patch_probe), chosen on the validation
+# split with DINO's 50-epoch seed-0 teacher (docs/evidence.md, "Patch features").
+PATCH_PROBE = dict(optimizer='lbfgs', epochs=100, weight_decay=1e-4, normalize='standardize')
 SCHEDULES = {
     # seeds per variant, pretraining epochs (None: the config's), supervised seeds,
     # fine-tune seeds, fine-tune overrides
@@ -131,6 +134,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
                         help='recipe options merged into the ViT pretraining config of every '
                         'row, e.g. custom_hooks.0.start=0.04 (key=value, as tools/train.py)')
+    parser.add_argument('--from-checkpoints', metavar='RUN_DIR',
+                        help='recompute the probes (k-NN, linear, patch), guidance shares and '
+                        'the evidence picture of a finished run from its teacher backbones, '
+                        'RUN_DIR/checkpoints/ROW_seedS.pth (mst2downstream.py --target '
+                        'mmpretrain), without pretraining; writes OUT/summary.json, RUN_DIR\'s '
+                        'summary with the recomputed values, and says whether each equals '
+                        'the committed one, e.g. docs/results/evidence_50e with --config '
+                        'configs/mst/mst_vit-tiny-p4_1xb64-coslr-50e_animals.py')
     # A lane's process: these units only, then exit (used by --jobs).
     parser.add_argument('--units', default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -170,10 +181,17 @@ class Store:
         with open(self.path(name)) as f:
             return json.load(f)
 
-    def get(self, name: str, compute):
-        if osp.isfile(self.path(name)):
-            return self.load(name)
-        value = compute()
+    def get(self, name: str, compute, complete=None):
+        """The stored unit, or ``compute()`` stored; ``complete(value)`` returns the keys
+        that a unit stored by older code lacks (e.g. the patch probe), computed from the
+        unit's checkpoint and stored beside the others, so a rerun does not pretrain again."""
+        if not osp.isfile(self.path(name)):
+            return self._write(name, compute())
+        value = self.load(name)
+        extra = complete(value) if complete is not None else {}
+        return self._write(name, dict(value, **extra)) if extra else value
+
+    def _write(self, name: str, value: dict) -> dict:
         with open(self.path(name) + '.tmp', 'w') as f:
             json.dump(value, f, indent=2)
         os.replace(self.path(name) + '.tmp', self.path(name))
@@ -276,30 +294,19 @@ def build_model(cfg: Config, checkpoint: Optional[str], seed: int):
 
 
 class Probe:
-    """The held-out evaluations of one backbone: k-NN, linear probe and guidance shares."""
+    """The held-out evaluations of one backbone: k-NN, linear probe, frozen patch probe and
+    guidance shares."""
 
-    def __init__(self, data_root: str, validation: bool = False) -> None:
+    def __init__(self, data_root: str, validation: bool = False, patch_size: int = 4) -> None:
         """The train images against the test images; with ``validation``, the fitting
         images against the validation images carved from the train images (the test
-        images are not read)."""
-        import numpy as np
-
-        from mst_mm.evidence.animal_shapes import load_object_masks
-        from mst_mm.evidence.frozen_features import load_class_folders
-        objects = osp.join(data_root, 'objects')
-        train_images, train_labels, train_paths = load_class_folders(osp.join(objects, 'train'))
-        if validation:
-            fit, val = split_indices(data_root, dict(validation=True))
-            self.train_images, self.train_labels = train_images[fit], train_labels[fit]
-            self.test_images, self.test_labels = train_images[val], train_labels[val]
-            split, paths = 'train', [train_paths[i] for i in val]
-        else:
-            self.train_images, self.train_labels = train_images, train_labels
-            self.test_images, self.test_labels, paths = load_class_folders(
-                osp.join(objects, 'test'))
-            split = 'test'
-        masks = load_object_masks(objects, split)
-        self.test_masks = torch.from_numpy(np.stack([masks[osp.join(split, p)] for p in paths]))
+        images are not read). ``patch_size``: the raw-pixels row's patches (the ViT's)."""
+        from mst_mm.evidence.patch_probe import masked_splits
+        self.train, self.test = masked_splits(osp.join(data_root, 'objects'), validation)
+        self.train_images, self.train_labels = self.train.images, self.train.classes - 1
+        self.test_images, self.test_labels = self.test.images, self.test.classes - 1
+        self.test_masks = self.test.masks
+        self.patch_size = patch_size
 
     def raw_pixels(self) -> dict:
         from mst_mm.evaluation import knn_top1, linear_probe_top1
@@ -308,12 +315,22 @@ class Probe:
         return dict(knn_top1=knn_top1(train, self.train_labels, test, self.test_labels,
                                       ks=(KNN_K, ))[KNN_K],
                     linear_top1=linear_probe_top1(train, self.train_labels, test,
-                                                  self.test_labels))
+                                                  self.test_labels),
+                    **self.patches())
+
+    def patches(self, backbone=None, mean=(), std=()) -> dict:
+        """The frozen patch probe (``PATCH_PROBE``) of the backbone's last-layer patch
+        tokens, or of each patch's raw pixels with ``backbone=None``: mIoU (%) over
+        background and the classes, at the patch grid and at the pixels."""
+        from mst_mm.evidence.patch_probe import probe_patches
+        result = probe_patches(self.train, self.test, backbone, mean, std,
+                               patch_size=self.patch_size, **PATCH_PROBE)
+        return dict(patch_probe_miou=result['patch_miou'],
+                    patch_probe_pixel_miou=result['pixel_miou'])
 
     def model(self, model, classify: bool = True) -> dict:
         """The EMA teacher's backbone of an MST model."""
-        return self.backbone(model.teacher.module[0], model.data_preprocessor.mean,
-                             model.data_preprocessor.std, classify)
+        return self.backbone(*teacher_of(model), classify)
 
     def backbone(self, backbone, mean, std, classify: bool = True) -> dict:
         from mst_mm.evaluation import knn_top1, linear_probe_top1
@@ -330,7 +347,23 @@ class Probe:
                                           self.test_labels, ks=(KNN_K, ))[KNN_K]
             result['linear_top1'] = linear_probe_top1(train_feats, self.train_labels,
                                                       test_feats, self.test_labels)
+            result.update(self.patches(backbone, mean, std))
         return result
+
+    def complete(self, load):
+        """For :meth:`Store.get`: the patch probe of a row stored without it, its backbone
+        ``load(row['checkpoint'])`` as (backbone, mean, std) (None: the raw pixels)."""
+        def missing(row: dict) -> dict:
+            if 'patch_probe_miou' in row:
+                return {}
+            return self.patches(*load(row['checkpoint'])) if load else self.patches()
+        return missing
+
+
+def teacher_of(model) -> tuple:
+    """(the EMA teacher's backbone, mean, std) of an MST model."""
+    return (model.teacher.module[0], model.data_preprocessor.mean,
+            model.data_preprocessor.std)
 
 
 def pretrained_row(store: Store, probe: Probe, variant: str, seed: int, schedule: dict,
@@ -360,22 +393,24 @@ def pretrained_row(store: Store, probe: Probe, variant: str, seed: int, schedule
         row['checkpoint'] = checkpoints[-1]
         return row
 
-    return store.get(name, compute)
+    return store.get(name, compute, probe.complete(
+        lambda checkpoint: teacher_of(build_model(cfg, checkpoint, seed))))
 
 
 def random_init_row(store: Store, probe: Probe, seed: int, schedule: dict, data_root: str,
                     out: str) -> dict:
     path = osp.join(out, 'random_init', f'seed{seed}.pth')
+    cfg = pretrain_config(schedule['config'], 'mst_guided_mask', seed, dict(schedule, epochs=1),
+                          data_root, out, probe=False)
 
     def compute() -> dict:
-        cfg = pretrain_config(schedule['config'], 'mst_guided_mask', seed,
-                              dict(schedule, epochs=1), data_root, out, probe=False)
         model = build_model(cfg, None, seed)
         os.makedirs(osp.dirname(path), exist_ok=True)
         torch.save({'state_dict': model.state_dict()}, path)
         return dict(probe.model(model), checkpoint=path)
 
-    return store.get(f'random_init_seed{seed}', compute)
+    return store.get(f'random_init_seed{seed}', compute, probe.complete(
+        lambda checkpoint: teacher_of(build_model(cfg, checkpoint, seed))))
 
 
 def supervised_row(store: Store, probe: Probe, seed: int, schedule: dict, data_root: str,
@@ -394,7 +429,8 @@ def supervised_row(store: Store, probe: Probe, seed: int, schedule: dict, data_r
         return dict(probe.backbone(*load_supervised_backbone(checkpoint, cfg)),
                     checkpoint=checkpoint)
 
-    return store.get(f'supervised_seed{seed}', compute)
+    return store.get(f'supervised_seed{seed}', compute, probe.complete(
+        lambda checkpoint: load_supervised_backbone(checkpoint, cfg)))
 
 
 # -------------------------------------------------------------------------- transfer
@@ -532,22 +568,33 @@ def mean_std(values: List[float], digits: int = 1) -> str:
     return f'{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}'
 
 
+def patch_probe_settings() -> dict:
+    """Every setting of the patch probe (``PATCH_PROBE`` over the module's defaults)."""
+    from mst_mm.evaluation.patch_probe import DEFAULT_LR, DEFAULT_SETTINGS
+    settings = dict(DEFAULT_SETTINGS, **PATCH_PROBE)
+    settings['lr'] = settings['lr'] or DEFAULT_LR[settings['optimizer']]
+    return settings
+
+
 def make_summary(num_prototypes: int, image_views_per_run: int, raw: dict,
                  random_init: List[dict], supervised: List[dict],
                  rows: Dict[str, List[dict]], transfer: Optional[dict]) -> dict:
     guidance_keys = ('attention_on_object_share', 'candidates_on_object_share',
                      'masked_on_object_share')
+
+    def every_row(key: str) -> dict:
+        return dict(raw_pixels=raw[key], random_init=[r[key] for r in random_init],
+                    supervised=[r[key] for r in supervised],
+                    **{v: [r[key] for r in runs] for v, runs in rows.items()})
+
     summary = dict(
         ln_k=math.log(num_prototypes),
         image_views_per_run=image_views_per_run,
-        knn_top1=dict(raw_pixels=raw['knn_top1'],
-                      random_init=[r['knn_top1'] for r in random_init],
-                      supervised=[r['knn_top1'] for r in supervised],
-                      **{v: [r['knn_top1'] for r in runs] for v, runs in rows.items()}),
-        linear_top1=dict(raw_pixels=raw['linear_top1'],
-                         random_init=[r['linear_top1'] for r in random_init],
-                         supervised=[r['linear_top1'] for r in supervised],
-                         **{v: [r['linear_top1'] for r in runs] for v, runs in rows.items()}),
+        knn_top1=every_row('knn_top1'),
+        linear_top1=every_row('linear_top1'),
+        patch_probe_miou=every_row('patch_probe_miou'),
+        patch_probe_pixel_miou=every_row('patch_probe_pixel_miou'),
+        patch_probe_settings=patch_probe_settings(),
         last_loss_dino={v: [r['loss_dino'] for r in runs] for v, runs in rows.items()},
         knn_probe={v: [r['knn_probe'] for r in runs] for v, runs in rows.items()},
         guidance=dict(object_area_share=random_init[0]['object_area_share'],
@@ -559,29 +606,47 @@ def make_summary(num_prototypes: int, image_views_per_run: int, raw: dict,
 
 def format_table(summary: dict, seeds: Dict[str, int]) -> str:
     lines = [f"k-NN (k = {KNN_K}, T = 0.07) and linear-probe top-1 (%) on the 2,000 held-out "
-             f"object images, last DINO loss (ln K = {summary['ln_k']:.3f}), and the share "
-             'of the teacher\'s CLS attention, of the guided mask\'s candidates and of its '
-             'masked patches on the object (the object covers '
+             'object images, the frozen patch probe\'s mIoU (%, background and 10 classes, '
+             f"at the patch grid), last DINO loss (ln K = {summary['ln_k']:.3f}), and the "
+             'share of the teacher\'s CLS attention, of the guided mask\'s candidates and of '
+             'its masked patches on the object (the object covers '
              f"{summary['guidance']['object_area_share']:.3f} of the patches). Mean ± std "
              'over seeds.', '',
-             '| features | seeds | k-NN | linear | last loss_dino | attention on object '
-             '| candidates on object | masked on object |',
-             '| --- | --- | --- | --- | --- | --- | --- | --- |']
+             '| features | seeds | k-NN | linear | patch mIoU | last loss_dino '
+             '| attention on object | candidates on object | masked on object |',
+             '| --- | --- | --- | --- | --- | --- | --- | --- | --- |']
     knn, lin = summary['knn_top1'], summary['linear_top1']
-    lines.append(f"| raw pixels | - | {knn['raw_pixels']:.1f} | {lin['raw_pixels']:.1f} "
+    patch = summary.get('patch_probe_miou', {})
+
+    def probes(row: str) -> str:
+        """k-NN, linear and patch-probe cells; a patch probe of fewer seeds than the row's
+        (one recomputed from the committed seed-0 checkpoints) says how many."""
+        values = patch.get(row)
+        if values is None:
+            cell = '-'
+        elif row == 'raw_pixels':
+            cell = f'{values:.1f}'
+        else:
+            n = len(knn[row])
+            cell = mean_std(values) + (f' ({len(values)} of {n} seeds)' if len(values) < n
+                                       else '')
+        if row == 'raw_pixels':
+            return f"{knn[row]:.1f} | {lin[row]:.1f} | {cell}"
+        return f"{mean_std(knn[row])} | {mean_std(lin[row])} | {cell}"
+
+    lines.append(f"| raw pixels | - | {probes('raw_pixels')} | - | - | - | - |")
+    lines.append(f"| random init | {len(knn['random_init'])} | {probes('random_init')} "
                  '| - | - | - | - |')
-    lines.append(f"| random init | {len(knn['random_init'])} | {mean_std(knn['random_init'])} "
-                 f"| {mean_std(lin['random_init'])} | - | - | - | - |")
     if knn.get('supervised'):   # the ceiling: the same ViT trained with labels
-        lines.append(f"| supervised | {len(knn['supervised'])} | {mean_std(knn['supervised'])} "
-                     f"| {mean_std(lin['supervised'])} | - | - | - | - |")
+        lines.append(f"| supervised | {len(knn['supervised'])} | {probes('supervised')} "
+                     '| - | - | - | - |')
     for variant in VARIANTS:
         if variant not in summary['last_loss_dino']:
             continue
         g = summary['guidance'][variant]
         lines.append(
-            f"| {variant} | {seeds[variant]} | {mean_std(knn[variant])} "
-            f"| {mean_std(lin[variant])} | {mean_std(summary['last_loss_dino'][variant], 3)} "
+            f"| {variant} | {seeds[variant]} | {probes(variant)} "
+            f"| {mean_std(summary['last_loss_dino'][variant], 3)} "
             f"| {mean_std(g['attention_on_object_share'], 3)} "
             f"| {mean_std(g['candidates_on_object_share'], 3)} "
             f"| {mean_std(g['masked_on_object_share'], 3)} |")
@@ -626,9 +691,7 @@ def write_pictures(rows: Dict[str, List[dict]], summary: dict, schedule: dict, o
             'visualize_mst', osp.join(REPO, 'tools', 'analysis', 'visualize_mst.py'))
         tool = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(tool)
-        test = osp.join(data_root, 'objects', 'test')
-        images = [sorted(glob.glob(osp.join(test, c, '*.png')))[0]
-                  for c in sorted(os.listdir(test))]
+        images = test_images(data_root)
         # The model as this code names it (not the run's dumped config, which keeps the
         # registry names of the code that trained it).
         cfg = pretrain_config(schedule['config'], 'mst_guided_mask', 0, dict(schedule, epochs=1),
@@ -638,21 +701,26 @@ def write_pictures(rows: Dict[str, List[dict]], summary: dict, schedule: dict, o
             cfg.dump(config)
             written.append(tool.main([config, guided[0]['checkpoint'], *images, '--out-dir',
                                       pictures, '--grid', '--size', '96'])[-1])
-        # The README's picture: four of those rows over every variant's k-NN probe curves.
-        from mst_mm.visualization import mst_picture_row, plot_evidence_figure
-        model = build_model(cfg, guided[0]['checkpoint'], 0)
-        grid = [mst_picture_row(model, tool.load_image(path, 96, model),
-                                torch.Generator().manual_seed(i),
-                                label=osp.basename(osp.dirname(path)))
-                for i, path in enumerate(images[:4])]
-        knn = summary['knn_top1']
-        references = {'raw pixels': knn['raw_pixels'],
-                      'random init': statistics.mean(knn['random_init'])}
-        if knn.get('supervised'):
-            references['supervised'] = statistics.mean(knn['supervised'])
-        written.append(plot_evidence_figure(grid, summary['knn_probe'], references,
-                                            osp.join(pictures, 'evidence.png')))
+        written.append(evidence_figure(build_model(cfg, guided[0]['checkpoint'], 0), summary,
+                                       images, osp.join(pictures, 'evidence.png')))
     return written
+
+
+def evidence_figure(model, summary: dict, images: List[str], path: str,
+                    reconstruct: bool = True) -> str:
+    """The README's picture: the MST-guided teacher's attention and masks on the first four
+    ``images`` (with the decoder's reconstruction), over every variant's k-NN probe curves."""
+    from mst_mm.visualization import load_image, mst_picture_row, plot_evidence_figure
+    grid = [mst_picture_row(model, load_image(image, 96, model),
+                            torch.Generator().manual_seed(i),
+                            label=osp.basename(osp.dirname(image)), reconstruct=reconstruct)
+            for i, image in enumerate(images[:4])]
+    knn = summary['knn_top1']
+    references = {'raw pixels': knn['raw_pixels'],
+                  'random init': statistics.mean(knn['random_init'])}
+    if knn.get('supervised'):
+        references['supervised'] = statistics.mean(knn['supervised'])
+    return plot_evidence_figure(grid, summary['knn_probe'], references, path)
 
 
 def plot_guidance_by_epoch(rows: Dict[str, List[dict]], area: float, path: str) -> str:
@@ -721,10 +789,14 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     schedule = make_schedule(args)
     out = args.out or ('work_dirs/evidence_quick' if args.quick else 'work_dirs/evidence')
-    data_root = prepare_data(args.data_root, transfer=bool(args.transfer_targets))
-    probe = Probe(data_root, validation=args.validation)
+    data_root = prepare_data(args.data_root, transfer=bool(args.transfer_targets)
+                             and not args.from_checkpoints)
+    probe = Probe(data_root, validation=args.validation,
+                  patch_size=Config.fromfile(schedule['config']).model.backbone.patch_size)
     if args.only:
         return rerun_row(args.only, probe, schedule, data_root, out)
+    if args.from_checkpoints:
+        return from_checkpoints(args.from_checkpoints, probe, schedule, data_root, out)
 
     store = Store(out)
     if args.units:
@@ -734,7 +806,7 @@ def main(argv=None) -> dict:
     if args.jobs > 1:
         argv = sys.argv[1:] if argv is None else list(argv)
         run_lanes(plan_units(schedule), args.jobs, argv, store, out)
-    raw = store.get('raw_pixels', probe.raw_pixels)
+    raw = store.get('raw_pixels', probe.raw_pixels, probe.complete(None))
     max_seeds = max(schedule['seeds'].values())
     random_init = [random_init_row(store, probe, s, schedule, data_root, out)
                    for s in range(max_seeds)]
@@ -763,6 +835,109 @@ def main(argv=None) -> dict:
           'docs/evidence.md')
     print(f"summary: {osp.join(out, 'summary.json')}\npictures: {', '.join(pictures)}")
     return summary
+
+
+def from_checkpoints(run_dir: str, probe: Probe, schedule: dict, data_root: str,
+                     out: str) -> dict:
+    """A finished run's probes, guidance shares and evidence picture, recomputed from the
+    teacher backbones it committed (``RUN_DIR/checkpoints/ROW_seedS.pth``, ROW a variant or
+    ``supervised``, seeds 0, 1, ... of a row) and its random-init seeds (rebuilt from the
+    seed): ``RUN_DIR/summary.json`` with the recomputed values in place of the committed ones
+    (and the patch probe added), written to ``OUT/summary.json``. The loss and k-NN probe
+    curves, the per-epoch guidance and the transfer rows come from training: kept as
+    committed. Prints each recomputed value that differs from the committed one at its
+    printed digit (another CPU may differ in the last digit)."""
+    from mst_mm.evaluation.patch_probe import load_frozen_backbone
+    summary_path = osp.join(run_dir, 'summary.json')
+    files = sorted(glob.glob(osp.join(run_dir, 'checkpoints', '*_seed*.pth')))
+    if not osp.isfile(summary_path) or not files:
+        raise SystemExit(f'--from-checkpoints {run_dir} needs summary.json and '
+                         'checkpoints/ROW_seedS.pth in it (e.g. docs/results/evidence_50e).')
+    with open(summary_path) as f:
+        committed = json.load(f)
+    cfg = Config.fromfile(schedule['config'])
+    pre = cfg.model.data_preprocessor
+    store = Store(out)
+    results = dict(raw_pixels=[store.get('raw_pixels', probe.raw_pixels, probe.complete(None))],
+                   random_init=[random_init_row(store, probe, s, schedule, data_root, out)
+                                for s in range(len(committed['knn_top1']['random_init']))])
+    for path in files:
+        row, _, seed = osp.basename(path)[:-len('.pth')].rpartition('_seed')
+        if row not in (*VARIANTS, 'supervised') or seed != str(len(results.get(row, []))):
+            raise SystemExit(f'{path}: expected ROW_seedS.pth with ROW one of '
+                             f"{', '.join((*VARIANTS, 'supervised'))} and the seeds of a row "
+                             'from 0 without gaps.')
+        results.setdefault(row, []).append(store.get(
+            f'{row}_seed{seed}', lambda path=path: dict(probe.backbone(
+                load_frozen_backbone(cfg.model.backbone, path), pre.mean, pre.std),
+                checkpoint=path)))
+    summary, differences = recomputed_summary(committed, results)
+    with open(osp.join(out, 'summary.json'), 'w') as f:
+        json.dump(summary, f, indent=2)
+    seeds = {v: len(summary['knn_top1'][v]) for v in VARIANTS if v in summary['knn_top1']}
+    table = format_table(summary, seeds)
+    with open(osp.join(out, 'evidence_table.md'), 'w') as f:
+        f.write(table + '\n')
+    pictures = []
+    if results.get('mst_guided_mask'):   # the teacher's attention and masks, no decoder
+        model = build_model(pretrain_config(schedule['config'], 'mst_guided_mask', 0,
+                                            dict(schedule, epochs=1), data_root, out,
+                                            probe=False), None, 0)
+        model.teacher.module[0] = load_frozen_backbone(cfg.model.backbone,
+                                                       results['mst_guided_mask'][0]['checkpoint'])
+        os.makedirs(osp.join(out, 'pictures'), exist_ok=True)
+        pictures.append(evidence_figure(model, summary, test_images(data_root),
+                                        osp.join(out, 'pictures', 'evidence.png'),
+                                        reconstruct=False))
+    print('\n' + table)
+    count = sum(len(r) for r in results.values())
+    print(f'\nrecomputed from {len(files)} checkpoint(s) of {run_dir} and {count - len(files)} '
+          f"seeded row(s): {osp.join(out, 'summary.json')}; pictures: {', '.join(pictures)}")
+    print('\n'.join(differences) if differences else
+          'every recomputed value equals the committed one to its printed digit')
+    return summary
+
+
+# (summary key, guidance key or None, printed digits) of every value a checkpoint gives.
+RECOMPUTED = (('knn_top1', None, 1), ('linear_top1', None, 1),
+              ('patch_probe_miou', None, 1), ('patch_probe_pixel_miou', None, 1),
+              *(('guidance', key, 3) for key in ('attention_on_object_share',
+                                                 'candidates_on_object_share',
+                                                 'masked_on_object_share')))
+
+
+def recomputed_summary(committed: dict, results: Dict[str, List[dict]]
+                       ) -> Tuple[dict, List[str]]:
+    """``committed`` with the values of ``results`` (row -> the seeds' probe results) in
+    place, seed by seed, and a line for each that differs at its printed digit."""
+    import copy
+    summary = copy.deepcopy(committed)
+    differences = []
+    for key, sub, digits in RECOMPUTED:
+        for row, runs in results.items():
+            if sub and row not in VARIANTS:   # guidance shares: the pretrained rows'
+                continue
+            table = summary.setdefault(key, {})
+            table = table.setdefault(row, {}) if sub else table
+            name = sub or row
+            old = table.get(name)
+            old = [old] if row == 'raw_pixels' and old is not None else list(old or [])
+            new = [r[sub or key] for r in runs]
+            for seed, value in enumerate(new):
+                if seed < len(old) and f'{old[seed]:.{digits}f}' != f'{value:.{digits}f}':
+                    differences.append(f'{key} {row}{" " + sub if sub else ""} seed {seed}: '
+                                       f'committed {old[seed]:.{digits}f}, recomputed '
+                                       f'{value:.{digits}f}')
+            merged = new + old[len(new):]
+            table[name] = merged[0] if row == 'raw_pixels' else merged
+    summary['patch_probe_settings'] = patch_probe_settings()
+    return summary, differences
+
+
+def test_images(data_root: str) -> List[str]:
+    """The first test image of every class."""
+    test = osp.join(data_root, 'objects', 'test')
+    return [sorted(glob.glob(osp.join(test, c, '*.png')))[0] for c in sorted(os.listdir(test))]
 
 
 def rerun_row(only: str, probe: Probe, schedule: dict, data_root: str, out: str) -> dict:

@@ -105,9 +105,8 @@ def load_frozen_backbone(backbone_cfg: dict, checkpoint: Optional[str],
         state = state.get('state_dict', state) if isinstance(state, dict) else {}
         if any(k.startswith(SOURCE_PREFIXES['teacher']) for k in state):
             state = extract_backbone(state, weights, checkpoint)
-        elif any(k.startswith('backbone.') for k in state):
-            state = {k[len('backbone.'):]: v for k, v in state.items()
-                     if k.startswith('backbone.')}
+        elif any(k.startswith(SOURCE_PREFIXES['student']) for k in state):
+            state = extract_backbone(state, 'student', checkpoint)
         load_checked(backbone, state, checkpoint, "the config's backbone",
                      'Give an MST training checkpoint of this config, or its backbone.',
                      strict=True)

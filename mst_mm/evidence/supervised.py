@@ -119,11 +119,11 @@ def load_supervised_backbone(checkpoint: str, pretrain_cfg: Config
 
     import mst_mm  # noqa: F401
     from mst_mm.engine.safe_loading import load_checked, read_checkpoint
+    from mst_mm.models.export import extract_backbone
     backbone = MODELS.build(supervised_backbone(pretrain_cfg))
     state = read_checkpoint(checkpoint, map_location='cpu')
     state = state.get('state_dict', state) if isinstance(state, dict) else {}
-    load_checked(backbone, {k[len('backbone.'):]: v for k, v in state.items()
-                            if k.startswith('backbone.')}, checkpoint,
+    load_checked(backbone, extract_backbone(state, 'student', checkpoint), checkpoint,
                  'the supervised ViT', 'Give the epoch_N.pth of train_supervised.', strict=True)
     backbone.eval()  # mmpretrain's ViT.train returns None: no chaining
     pre = pretrain_cfg.model.data_preprocessor

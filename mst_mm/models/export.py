@@ -69,17 +69,21 @@ def _rename(state: Dict[str, torch.Tensor], table) -> Tuple[Dict[str, torch.Tens
 def extract_backbone(state_dict: Dict[str, torch.Tensor], weights: str = 'teacher',
                      source: str = 'the checkpoint') -> Dict[str, torch.Tensor]:
     """The ``'teacher'`` (EMA) or ``'student'`` backbone of an MST ``state_dict``, with
-    mmpretrain names and without pretraining-only keys; ``source`` names it in errors."""
+    mmpretrain names and without pretraining-only keys; ``source`` names it in errors.
+
+    ``'student'`` reads the ``backbone.*`` keys, which any mmpretrain model has: an MST
+    student, or the backbone of a supervised ``ImageClassifier`` of the same network.
+    """
     if weights not in SOURCE_PREFIXES:
         raise UserInputError(f'weights must be one of {sorted(SOURCE_PREFIXES)}, '
                               f'got {weights!r}.')
-    if not any(k.startswith(SOURCE_PREFIXES['teacher']) for k in state_dict):
+    prefix = SOURCE_PREFIXES[weights]
+    if not any(k.startswith(prefix) for k in state_dict):
         raise CheckpointError(
-            f'{source} is not an MST training checkpoint: it has no '
-            f"'{SOURCE_PREFIXES['teacher']}*' keys (the EMA teacher's backbone). Give the "
+            f"{source} is not an MST training checkpoint: it has no '{prefix}*' keys (the "
+            f"{'EMA teacher' if weights == 'teacher' else 'student'}'s backbone). Give the "
             '.pth that tools/train.py wrote for an MST config, e.g. '
             'work_dirs/mst_deit-s-p16_8xb128-coslr-300e_in1k/epoch_300.pth.')
-    prefix = SOURCE_PREFIXES[weights]
     return {k[len(prefix):]: v for k, v in state_dict.items()
             if k.startswith(prefix) and k[len(prefix):] not in PRETRAIN_ONLY_KEYS}
 

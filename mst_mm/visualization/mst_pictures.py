@@ -8,6 +8,7 @@ can be compared; DINO's script rescales every head on its own.
 """
 from typing import Dict, List, Optional, Sequence
 
+import mmcv
 import numpy as np
 import torch
 
@@ -24,10 +25,26 @@ def _to_grid(values: torch.Tensor, grid: tuple) -> np.ndarray:
     return values.reshape(*grid).float().cpu().numpy()
 
 
+def load_image(path: str, size: int, model) -> torch.Tensor:
+    """The RGB image at ``path``, resized to size x size (bicubic), normalised as the
+    training preprocessor of ``model`` does: the input of :func:`mst_picture_row`."""
+    try:
+        img = mmcv.imread(path, channel_order='rgb')
+    except Exception as e:  # mmcv raises several types for unreadable files
+        raise ValueError(f'Cannot read image {path}: {e}') from e
+    if img is None:
+        raise ValueError(f'Cannot read image {path}: not an image file.')
+    img = mmcv.imresize(img, (size, size), interpolation='bicubic', backend='pillow')
+    tensor = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).float()
+    pre = model.data_preprocessor
+    return (tensor - pre.mean.reshape(3, 1, 1)) / pre.std.reshape(3, 1, 1)
+
+
 @torch.no_grad()
 def mst_picture_row(model, image: torch.Tensor,
                     generator: Optional[torch.Generator] = None,
-                    label: Optional[str] = None) -> Dict[str, np.ndarray]:
+                    label: Optional[str] = None,
+                    reconstruct: bool = True) -> Dict[str, np.ndarray]:
     """Everything one row of the picture shows, for a normalised RGB image (3, H, W).
 
     Args:
@@ -35,6 +52,8 @@ def mst_picture_row(model, image: torch.Tensor,
         image (Tensor): The image, normalised as in training.
         generator (torch.Generator, optional): Random source of the two masks.
         label (str, optional): The row's name (e.g. the class), drawn left of the row.
+        reconstruct (bool): Restore the guided-masked image with the student and the
+            decoder. False leaves them out: a teacher backbone loaded alone has neither.
 
     Returns:
         dict: ``image`` (H, W, 3) uint8, ``attn`` (h, w), ``attn_heads`` (heads, h, w),
@@ -60,7 +79,7 @@ def mst_picture_row(model, image: torch.Tensor,
         guided_mask=_to_grid(guided[0], grid).astype(bool),
         random_mask=_to_grid(random[0], grid).astype(bool),
         num=num, p=p, label=label)
-    if model.decoder_head is not None:
+    if reconstruct and model.decoder_head is not None:
         student = model.backbone.forward_mst(batch, mask=guided)
         restored = model.decoder_head(student.feat_map)[0]
         row['reconstruction'] = _denormalise(model, restored)

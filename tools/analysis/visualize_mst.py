@@ -16,7 +16,6 @@ import sys
 import warnings
 
 import mmcv
-import numpy as np
 import torch
 from mmengine.config import Config
 
@@ -79,26 +78,12 @@ def output_names(images: list) -> list:
             for i, name in enumerate(names)]
 
 
-def load_image(path: str, size: int, model) -> torch.Tensor:
-    """RGB, resized to size x size, normalised as the training preprocessor does."""
-    try:
-        img = mmcv.imread(path, channel_order='rgb')
-    except Exception as e:  # mmcv raises several types for unreadable files
-        raise ValueError(f'Cannot read image {path}: {e}') from e
-    if img is None:
-        raise ValueError(f'Cannot read image {path}: not an image file.')
-    img = mmcv.imresize(img, (size, size), interpolation='bicubic', backend='pillow')
-    tensor = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1).float()
-    pre = model.data_preprocessor
-    return (tensor - pre.mean.reshape(3, 1, 1)) / pre.std.reshape(3, 1, 1)
-
-
 def main(argv=None) -> list:
     args = parse_args(argv)
     from mmpretrain.registry import MODELS
 
     from mst_mm.engine import read_checkpoint  # also registers MST
-    from mst_mm.visualization import mst_picture_row, render_rows
+    from mst_mm.visualization import load_image, mst_picture_row, render_rows
 
     cfg = Config.fromfile(args.config)
     model = MODELS.build(cfg.model)
