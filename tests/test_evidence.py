@@ -92,17 +92,17 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
     assert row['knn_probe'][-1][1] == pytest.approx(row['knn_top1'])
     assert summary['knn_probe']['mst_guided_mask'][0] == row['knn_probe']
     assert [c['epoch'] for c in row['guidance_by_epoch']] == [1]
-    # The patch probe is the package's, on the teacher's patch tokens, with the run's settings.
+    # The patch probe is the package's, on the teacher's patch tokens, with its default settings.
     from mst_mm.evidence.patch_probe import masked_splits, probe_patches
     model = evidence.build_model(evidence.pretrain_config(
         evidence.VIT_CONFIG, 'mst_guided_mask', 0, dict(epochs=1), str(data_root), str(out)),
         row['checkpoint'], 0)
     splits = masked_splits(str(data_root / 'objects'))
-    by_hand = probe_patches(*splits, *evidence.teacher_of(model), **evidence.PATCH_PROBE)
+    by_hand = probe_patches(*splits, *evidence.teacher_of(model))
     assert row['patch_probe_miou'] == by_hand['patch_miou']
     assert row['patch_probe_pixel_miou'] == by_hand['pixel_miou']
     assert summary['patch_probe_settings'] == by_hand['settings']
-    raw = probe_patches(*splits, patch_size=4, **evidence.PATCH_PROBE)
+    raw = probe_patches(*splits, patch_size=4)
     assert summary['patch_probe_miou']['raw_pixels'] == raw['patch_miou']
     assert (out / 'pictures' / 'pretraining_curves.png').stat().st_size > 10_000
     assert (out / 'pictures' / 'evidence.png').stat().st_size > 10_000

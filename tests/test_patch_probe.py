@@ -212,30 +212,36 @@ def test_validation_split_is_carved_from_the_training_images(objects_folder, mon
     assert torch.equal(val.classes, train.classes[val_idx])
 
 
-def patch_probe_rows(folder) -> list:
-    """docs/evidence.md's patch-probe table, rendered from the committed runs: raw pixels
-    (kept beside the random-init run), then one row per checkpoint, named by its file."""
+def validation_rows() -> list:
+    """docs/evidence.md's table of the probe settings tried on the validation split, rendered
+    from the committed runs (DINO's 50-epoch seed-0 teacher), best first."""
+    from tests.helpers import REPO
     rows = []
-    for name in ('random_init', 'dino', 'mst_guided_mask', 'supervised'):
-        result = json.loads((folder / f'{name}.json').read_text())
-        found = list(result['rows'].values())
-        if name == 'random_init':
-            rows.append(('raw pixels', result['rows']['raw_pixels']))
-            found = [v for k, v in result['rows'].items() if k != 'raw_pixels']
-        rows.append((name, found[0]))
-    return [f"| {name} | {r['patch_miou']:.2f} | {r['pixel_miou']:.2f} |" for name, r in rows]
+    for path in (REPO / 'docs/results/patch_probe_50e/validation').glob('*.json'):
+        result = json.loads(path.read_text())
+        assert result['split'] == 'validation'   # never the test images
+        (row, ) = [r for name, r in result['rows'].items() if name != 'raw_pixels']
+        rows.append(row)
+    rows.sort(key=lambda r: -r['patch_miou'])
+    return [f"| {s['optimizer']} | {s['epochs']} | {s['weight_decay']:g} | {s['normalize']} | "
+            f"{r['patch_miou']:.2f} | {r['pixel_miou']:.2f} |"
+            for r, s in ((r, r['settings']) for r in rows)]
 
 
-def test_the_docs_show_the_committed_6_epoch_patch_probe():
+def test_the_default_settings_are_the_validation_choice_the_docs_show():
+    """The module's defaults are the committed candidate that the docs name as chosen, and the
+    docs show every candidate as its file holds it."""
+    from mst_mm.evaluation.patch_probe import DEFAULT_LR, DEFAULT_SETTINGS
     from tests.helpers import REPO
     docs = (REPO / 'docs/evidence.md').read_text()
-    for row in patch_probe_rows(REPO / 'docs/results/patch_probe_6e'):
-        assert row in docs, row
-
-
-def test_the_docs_show_the_committed_50_epoch_patch_probe():
-    from tests.helpers import REPO
-    result = json.loads((REPO / 'docs/results/patch_probe_50e/dino.json').read_text())
-    (row,) = result['rows'].values()
-    assert (f"| dino, 50 epochs | {row['patch_miou']:.2f} | {row['pixel_miou']:.2f} |"
-            in (REPO / 'docs/evidence.md').read_text())
+    rows = validation_rows()
+    assert len(rows) >= 10 and all(row in docs for row in rows)
+    chosen = dict(DEFAULT_SETTINGS, lr=DEFAULT_LR[DEFAULT_SETTINGS['optimizer']])
+    candidates = [json.loads(p.read_text()) for p in
+                  (REPO / 'docs/results/patch_probe_50e/validation').glob('*.json')]
+    (match, ) = [c for c in candidates
+                 if all(r['settings'] == chosen for r in c['rows'].values())]
+    best = max(r['patch_miou'] for c in candidates for n, r in c['rows'].items()
+               if n != 'raw_pixels')
+    (row, ) = [r for n, r in match['rows'].items() if n != 'raw_pixels']
+    assert row['patch_miou'] >= best - 0.05   # the best, or within 0.05 of it and cheaper

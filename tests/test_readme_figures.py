@@ -23,17 +23,19 @@ def span(values: List[float], digits: int = 2) -> str:
 
 
 def evidence_lines() -> List[str]:
+    """The Results table: k-NN top-1 and the patch probe's mIoU of every row, with its seeds."""
     summary = json.loads((RESULTS / 'evidence_50e/summary.json').read_text())
-    knn = summary['knn_top1']
-    columns = [('raw pixels', [knn['raw_pixels']]), ('random init', knn['random_init']),
-               ('DINO', knn['dino']), ('MST', knn['mst_guided_mask']),
-               ('MST, decoder only', knn['mst_decoder']),
-               ('MST, random mask', knn['mst_random_mask']), ('supervised', knn['supervised'])]
-    cells = [mean_std(v) + ('' if name == 'raw pixels' else f' ({len(v)})')
-             for name, v in columns]
-    return ['| ' + ' | '.join(name for name, _ in columns) + ' |',
-            '|' + ' --- |' * len(columns),
-            '| ' + ' | '.join(cells) + ' |']
+    names = [('raw pixels', 'raw_pixels'), ('random init', 'random_init'), ('DINO', 'dino'),
+             ('MST', 'mst_guided_mask'), ('MST, decoder only', 'mst_decoder'),
+             ('MST, random mask', 'mst_random_mask'), ('supervised', 'supervised')]
+    lines = ['| probe | ' + ' | '.join(name for name, _ in names) + ' |',
+             '|' + ' --- |' * (len(names) + 1)]
+    for label, key in (('k-NN top-1', 'knn_top1'), ('patch mIoU', 'patch_probe_miou')):
+        cells = [f'{summary[key][row]:.1f}' if row == 'raw_pixels'
+                 else f'{mean_std(summary[key][row])} ({len(summary[key][row])})'
+                 for _, row in names]
+        lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
+    return lines
 
 
 def transfer_line() -> str:

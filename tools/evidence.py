@@ -9,9 +9,10 @@ its checkpoints transfer? On real animal silhouettes, on a CPU (tools/run_eviden
    (p / num), and the decoder with the attention-guided mask (num = 8, p = 0.1). A k-NN
    probe hook logs the held-out top-1 during pretraining.
 3. Probes the EMA teachers' CLS features (weighted k-NN, k = 20, T = 0.07, and a linear
-   probe) against raw pixels, randomly initialised backbones and the same ViT trained with
-   labels (the supervised ceiling), and measures where the teachers' CLS attention and the
-   guided mask fall against the objects' pixel masks, at every epoch of seed 0.
+   probe) and their patch tokens (a frozen linear patch probe, mIoU) against raw pixels,
+   randomly initialised backbones and the same ViT trained with labels (the supervised
+   ceiling), and measures where the teachers' CLS attention and the guided mask fall against
+   the objects' pixel masks, at every epoch of seed 0.
 4. Fine-tunes Mask R-CNN (a small MaskSwin pretrained as DINO and as MST on the objects)
    and SETR-naive (the ViTs) on the scenes, from random init, DINO and MST, with the
    backbone trained and with it frozen (only the neck and heads train).
@@ -23,6 +24,8 @@ pretraining cut short resumes from its last epoch, so the command goes on where 
     python tools/evidence.py [--quick] [--out work_dirs/evidence]
     python tools/evidence.py --only mst_guided_mask:1     # one row: pretraining, probes, guidance
     python tools/evidence.py --validation --only dino:10 --cfg-options ...   # a recipe candidate
+    python tools/evidence.py --config CONFIG --from-checkpoints docs/results/evidence_50e
+        # the committed run's probes again, from its teacher backbones, without pretraining
 
 ``--validation`` is for choosing recipes: it trains without 1,000 images carved from the
 training images and probes on them, never reading the test images (docs/evidence.md).
@@ -65,9 +68,6 @@ TRANSFER_FROM = ('random_init', 'dino', 'mst_guided_mask')
 TRANSFER_TARGETS = ('mmdet', 'mmseg')
 DEFAULT_DATA_ROOT = 'data/animal_shapes'
 KNN_K = 20
-# The frozen patch probe's settings (mst_mm.evaluation.patch_probe), chosen on the validation
-# split with DINO's 50-epoch seed-0 teacher (docs/evidence.md, "Patch features").
-PATCH_PROBE = dict(optimizer='lbfgs', epochs=100, weight_decay=1e-4, normalize='standardize')
 SCHEDULES = {
     # seeds per variant, pretraining epochs (None: the config's), supervised seeds,
     # fine-tune seeds, fine-tune overrides
@@ -319,12 +319,13 @@ class Probe:
                     **self.patches())
 
     def patches(self, backbone=None, mean=(), std=()) -> dict:
-        """The frozen patch probe (``PATCH_PROBE``) of the backbone's last-layer patch
+        """The frozen patch probe (its default settings, chosen on the validation split:
+        ``mst_mm.evaluation.patch_probe``) of the backbone's last-layer patch
         tokens, or of each patch's raw pixels with ``backbone=None``: mIoU (%) over
         background and the classes, at the patch grid and at the pixels."""
         from mst_mm.evidence.patch_probe import probe_patches
         result = probe_patches(self.train, self.test, backbone, mean, std,
-                               patch_size=self.patch_size, **PATCH_PROBE)
+                               patch_size=self.patch_size)
         return dict(patch_probe_miou=result['patch_miou'],
                     patch_probe_pixel_miou=result['pixel_miou'])
 
@@ -569,9 +570,9 @@ def mean_std(values: List[float], digits: int = 1) -> str:
 
 
 def patch_probe_settings() -> dict:
-    """Every setting of the patch probe (``PATCH_PROBE`` over the module's defaults)."""
+    """Every setting of the patch probe, as its results write them (the lr filled in)."""
     from mst_mm.evaluation.patch_probe import DEFAULT_LR, DEFAULT_SETTINGS
-    settings = dict(DEFAULT_SETTINGS, **PATCH_PROBE)
+    settings = dict(DEFAULT_SETTINGS)
     settings['lr'] = settings['lr'] or DEFAULT_LR[settings['optimizer']]
     return settings
 
@@ -890,9 +891,9 @@ def from_checkpoints(run_dir: str, probe: Probe, schedule: dict, data_root: str,
                                         osp.join(out, 'pictures', 'evidence.png'),
                                         reconstruct=False))
     print('\n' + table)
-    count = sum(len(r) for r in results.values())
-    print(f'\nrecomputed from {len(files)} checkpoint(s) of {run_dir} and {count - len(files)} '
-          f"seeded row(s): {osp.join(out, 'summary.json')}; pictures: {', '.join(pictures)}")
+    print(f'\nrecomputed from {len(files)} checkpoint(s) of {run_dir}, the raw pixels and '
+          f"{len(results['random_init'])} random-init seed(s): {osp.join(out, 'summary.json')}; "
+          f"pictures: {', '.join(pictures) or 'none (no mst_guided_mask checkpoint)'}")
     print('\n'.join(differences) if differences else
           'every recomputed value equals the committed one to its printed digit')
     return summary

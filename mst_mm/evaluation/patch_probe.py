@@ -27,12 +27,13 @@ import torch.nn.functional as F
 
 OPTIMIZERS = ('adamw', 'sgd', 'lbfgs')
 NORMALIZATIONS = ('standardize', 'none')
-# The defaults of train_patch_probe, also written with every result (to be chosen on the
-# validation split). L-BFGS by default, as linear_probe_top1: full batch and deterministic, it
-# runs close to the optimum, so the score depends on the features more than on where a
-# schedule stops; a short AdamW run on planted features leaves the frequent background a
-# larger margin, which moves the upsampled borders into the objects (tests/test_patch_probe).
-DEFAULT_SETTINGS = dict(optimizer='lbfgs', epochs=100, lr=None, weight_decay=1e-4,
+# The defaults of train_patch_probe, also written with every result: chosen on the validation
+# split with DINO's 50-epoch seed-0 teacher among 12 candidates (docs/evidence.md, "Patch
+# features"; docs/results/patch_probe_50e/validation/). L-BFGS, as linear_probe_top1: full
+# batch and deterministic, it runs close to the optimum, so the score depends on the features
+# more than on where a schedule stops. No weight decay; 300 iterations, as 1,000 gained 0.01
+# points at three times the time.
+DEFAULT_SETTINGS = dict(optimizer='lbfgs', epochs=300, lr=None, weight_decay=0.0,
                         batch_size=1024, normalize='standardize', seed=0)
 # lr=None: the optimiser's own (L-BFGS's unit step, with its line search).
 DEFAULT_LR = dict(lbfgs=1.0, adamw=1e-2, sgd=0.1)
@@ -140,8 +141,8 @@ def _tokens(feat_map: torch.Tensor) -> torch.Tensor:
 
 
 def train_patch_probe(feats: torch.Tensor, labels: torch.Tensor, num_classes: int,
-                      optimizer: str = 'lbfgs', epochs: int = 100, lr: Optional[float] = None,
-                      weight_decay: float = 1e-4, batch_size: int = 1024,
+                      optimizer: str = 'lbfgs', epochs: int = 300, lr: Optional[float] = None,
+                      weight_decay: float = 0.0, batch_size: int = 1024,
                       normalize: str = 'standardize', seed: int = 0) -> PatchProbe:
     r"""A :class:`PatchProbe` fit to (N, C, h, w) frozen features and (N, h, w) labels:
 

@@ -1,0 +1,69 @@
+"""The 50-epoch evidence run's committed teacher backbones (docs/results/evidence_50e/
+checkpoints): under 6 MB in all, in the layout `mst2downstream.py --target mmpretrain` writes,
+one per row and seed of the summary; and a k-NN row recomputed from one of them matches the
+committed summary to its printed digit."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from mmengine.config import Config
+
+from mst_mm.engine.safe_loading import read_checkpoint
+from mst_mm.evaluation.patch_probe import load_frozen_backbone
+
+REPO = Path(__file__).resolve().parents[1]
+RUN = REPO / 'docs/results/evidence_50e'
+CONFIG = REPO / 'configs/mst/mst_vit-tiny-p4_1xb64-coslr-50e_animals.py'
+ROWS = ('dino', 'mst_decoder', 'mst_random_mask', 'mst_guided_mask', 'supervised')
+
+
+def committed_files():
+    files = sorted((RUN / 'checkpoints').glob('*.pth'))
+    assert files, 'no committed backbone under docs/results/evidence_50e/checkpoints'
+    return files
+
+
+def test_the_committed_backbones_are_small_complete_and_in_the_export_layout():
+    files = committed_files()
+    assert sum(f.stat().st_size for f in files) < 6 * 2 ** 20
+    summary = json.loads((RUN / 'summary.json').read_text())
+    backbone_cfg = Config.fromfile(str(CONFIG)).model.backbone
+    seeds = {}
+    for path in files:
+        match = re.fullmatch(r'(\w+)_seed(\d+)\.pth', path.name)
+        assert match and match[1] in ROWS, path.name
+        seeds.setdefault(match[1], []).append(int(match[2]))
+        saved = read_checkpoint(str(path), map_location='cpu')   # weights-only
+        assert set(saved) == {'state_dict', 'meta'} and saved['meta']['target'] == 'mmpretrain'
+        assert all(v.dtype == torch.float32 for v in saved['state_dict'].values())
+        load_frozen_backbone(backbone_cfg, str(path))   # every weight, no other key
+    for row, found in seeds.items():
+        assert sorted(found) == list(range(len(found))), (row, found)   # seeds 0, 1, ...
+        assert len(found) <= len(summary['knn_top1'][row])
+        # The summary's patch probe holds exactly the seeds that have a file.
+        assert len(summary['patch_probe_miou'][row]) == len(found), row
+    assert set(seeds) == set(ROWS)   # seed 0 of every pretrained row and the supervised one
+
+
+@pytest.mark.slow
+def test_a_committed_backbone_recomputes_its_knn_row(tmp_path):
+    """DINO seed 0's k-NN top-1 from its committed backbone, on the object images rendered
+    anew: the summary's value to its printed digit (the run's own 47.8)."""
+    from mst_mm.evaluation import knn_top1
+    from mst_mm.evidence.animal_shapes import write_object_images
+    from mst_mm.evidence.frozen_features import image_batches, load_class_folders
+    from mst_mm.models.algorithms.feature_embedder import embed_images
+    objects = tmp_path / 'objects'
+    write_object_images(str(objects))
+    cfg = Config.fromfile(str(CONFIG))
+    backbone = load_frozen_backbone(cfg.model.backbone, str(RUN / 'checkpoints/dino_seed0.pth'))
+    pre = cfg.model.data_preprocessor
+    feats = {}
+    for split in ('train', 'test'):
+        images, labels, _ = load_class_folders(str(objects / split))
+        feats[split] = embed_images(backbone, image_batches(images), pre.mean, pre.std)[0], labels
+    knn = knn_top1(*feats['train'], *feats['test'], ks=(20, ))[20]
+    summary = json.loads((RUN / 'summary.json').read_text())
+    assert f"{knn:.1f}" == f"{summary['knn_top1']['dino'][0]:.1f}"
