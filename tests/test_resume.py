@@ -1,6 +1,7 @@
 """Pre-emption: a kill during a save keeps the previous checkpoints, ``--resume`` finds the
 rolling ``latest.pth``, and a single-process run resumed at an epoch boundary logs what the
-uninterrupted run logs, bit for bit (CPU, fixed seed, data loaded in the main process)."""
+uninterrupted run logs, bit for bit (CPU, fixed seed, data loaded in the main process or by a
+persistent worker that draws no randomness)."""
 import os
 import shutil
 import signal
@@ -135,3 +136,28 @@ def test_non_finite_loss_stops_before_the_update_and_the_last_checkpoint_resumes
     assert sorted(logged_iterations(work_dir)) == list(range(ITERS_PER_EPOCH + 1,
                                                              2 * ITERS_PER_EPOCH + 1))
     assert meta(work_dir / 'epoch_2.pth')['epoch'] == 2
+
+
+@pytest.mark.slow
+def test_a_resumed_run_with_persistent_workers_repeats_the_uninterrupted_run(data_root, tmp_path):
+    # One persistent worker that only loads images: the views come from the data preprocessor.
+    config = tmp_path / 'workers.py'
+    config.write_text(f'_base_ = [{DEMO_CONFIG!r}]\n'
+                      "model = dict(data_preprocessor=dict(multi_crop=dict(type='BatchMultiCrop',"
+                      ' global_size=32, local_size=16, num_local_crops=4)))\n'
+                      "train_dataloader = dict(dataset=dict(pipeline=[dict(type='LoadImageOrSkip'),"
+                      " dict(type='PackInputs')]))\n")
+    options = ['train_dataloader.num_workers=1', 'train_dataloader.persistent_workers=True',
+               'default_hooks.checkpoint.max_keep_ckpts=2']  # keeps epoch_2.pth
+
+    def run(name, *extra) -> dict:
+        args = train_args(data_root, tmp_path / name, *extra, options=options)
+        args[0] = str(config)
+        train_in_fresh_process(args)
+        return logged_iterations(tmp_path / name)
+
+    uninterrupted = run('uninterrupted')
+    resumed = run('resumed', '--resume', str(tmp_path / 'uninterrupted' / 'epoch_2.pth'))
+    assert sorted(resumed) == list(range(2 * ITERS_PER_EPOCH + 1, EPOCHS * ITERS_PER_EPOCH + 1))
+    for it in resumed:
+        assert resumed[it] == uninterrupted[it], f'iteration {it} differs'

@@ -42,6 +42,19 @@ class RandomStateHook(Hook):
         state = state.get('per_rank', [state])[0]  # earlier versions saved a list per rank
         # Runner.resume may have mapped the states to a GPU; the setters take CPU bytes.
         torch.set_rng_state(state['torch'].cpu())
+        # A loader with persistent workers builds its iterator once, at its first epoch, and
+        # that draws the workers' base seed from the torch generator (torch's
+        # _BaseDataLoaderIter.__init__). The uninterrupted run drew it in epoch 1, before the
+        # saved state; the resumed run builds a new one at its first epoch and would draw it
+        # again, shifting every later mask and view. Let that draw come from a copy of the
+        # stream instead, so the main stream goes on unshifted (the workers get a base seed
+        # of their own, as resumed workers always do; a persistent loader reads
+        # ``generator`` only then).
+        loader = getattr(runner, 'train_dataloader', None)
+        if (getattr(loader, 'persistent_workers', False) and loader.num_workers > 0
+                and loader.generator is None):
+            loader.generator = torch.Generator()
+            loader.generator.set_state(torch.get_rng_state())
         np.random.set_state(state['numpy'])
         random.setstate(state['python'])
         if 'cuda' in state and torch.cuda.is_available():
