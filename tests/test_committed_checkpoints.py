@@ -67,3 +67,28 @@ def test_a_committed_backbone_recomputes_its_knn_row(tmp_path):
     knn = knn_top1(*feats['train'], *feats['test'], ks=(20, ))[20]
     summary = json.loads((RUN / 'summary.json').read_text())
     assert f"{knn:.1f}" == f"{summary['knn_top1']['dino'][0]:.1f}"
+
+
+def patch_probe_rows(summary: dict) -> list:
+    """docs/evidence.md's patch-probe table, rendered from the summary: every row's patch-grid
+    and pixel mIoU with the seeds it holds (of the seeds its k-NN row has)."""
+    from tests.test_readme_figures import mean_std
+    lines = []
+    for row in ('raw_pixels', 'random_init', 'supervised', *ROWS[:4]):
+        grid, pixel = summary['patch_probe_miou'][row], summary['patch_probe_pixel_miou'][row]
+        if row == 'raw_pixels':
+            lines.append(f'| raw pixels | - | {grid:.1f} | {pixel:.1f} |')
+            continue
+        seeds = str(len(grid))
+        if len(grid) < len(summary['knn_top1'][row]):
+            seeds += f" of {len(summary['knn_top1'][row])}"
+        lines.append(f"| {row.replace('_', ' ') if row == 'random_init' else row} | {seeds} | "
+                     f'{mean_std(grid)} | {mean_std(pixel)} |')
+    return lines
+
+
+def test_the_docs_show_the_committed_patch_probe_rows():
+    summary = json.loads((RUN / 'summary.json').read_text())
+    docs = (REPO / 'docs/evidence.md').read_text()
+    for line in patch_probe_rows(summary):
+        assert line in docs, line
