@@ -31,6 +31,7 @@ pretraining cut short resumes from its last epoch, so the command goes on where 
 training images and probes on them, never reading the test images (docs/evidence.md).
 """
 import argparse
+import copy
 import glob
 import json
 import math
@@ -692,7 +693,7 @@ def write_pictures(rows: Dict[str, List[dict]], summary: dict, schedule: dict, o
             'visualize_mst', osp.join(REPO, 'tools', 'analysis', 'visualize_mst.py'))
         tool = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(tool)
-        images = test_images(data_root)
+        images = class_examples(data_root)
         # The model as this code names it (not the run's dumped config, which keeps the
         # registry names of the code that trained it).
         cfg = pretrain_config(schedule['config'], 'mst_guided_mask', 0, dict(schedule, epochs=1),
@@ -887,7 +888,7 @@ def from_checkpoints(run_dir: str, probe: Probe, schedule: dict, data_root: str,
         model.teacher.module[0] = load_frozen_backbone(cfg.model.backbone,
                                                        results['mst_guided_mask'][0]['checkpoint'])
         os.makedirs(osp.join(out, 'pictures'), exist_ok=True)
-        pictures.append(evidence_figure(model, summary, test_images(data_root),
+        pictures.append(evidence_figure(model, summary, class_examples(data_root),
                                         osp.join(out, 'pictures', 'evidence.png'),
                                         reconstruct=False))
     print('\n' + table)
@@ -911,7 +912,6 @@ def recomputed_summary(committed: dict, results: Dict[str, List[dict]]
                        ) -> Tuple[dict, List[str]]:
     """``committed`` with the values of ``results`` (row -> the seeds' probe results) in
     place, seed by seed, and a line for each that differs at its printed digit."""
-    import copy
     summary = copy.deepcopy(committed)
     differences = []
     for key, sub, digits in RECOMPUTED:
@@ -935,7 +935,7 @@ def recomputed_summary(committed: dict, results: Dict[str, List[dict]]
     return summary, differences
 
 
-def test_images(data_root: str) -> List[str]:
+def class_examples(data_root: str) -> List[str]:
     """The first test image of every class."""
     test = osp.join(data_root, 'objects', 'test')
     return [sorted(glob.glob(osp.join(test, c, '*.png')))[0] for c in sorted(os.listdir(test))]
