@@ -68,24 +68,33 @@ def test_blur_is_a_gaussian_convolution_with_extended_edges():
 
 
 @pytest.mark.parametrize('op,mmcv_op', [(0, 'adjust_brightness'), (1, 'adjust_contrast'),
-                                        (2, 'adjust_color'), (3, 'adjust_hue')])
-def test_each_colour_operation_matches_mmcvs_pillow_one(op, mmcv_op):
-    images = _images(8, seed=op)
-    factors = [0.6, 0.8, 1.2, 1.4, 0.7, 1.0, 1.3, 0.9]
-    if mmcv_op == 'adjust_hue':
-        factors = [-0.1, -0.05, 0.02, 0.1, 0.07, -0.08, 0.0, 0.04]
-    ours = (_blend(_as_tensor(images), torch.full((8, ), op), torch.tensor(factors)) if op < 3
-            else _rotate_hue(_as_tensor(images), torch.tensor(factors)).round().clamp(0, 255))
+                                        (2, 'adjust_color')])
+@pytest.mark.parametrize('kind', ['smooth', 'noise'])
+def test_each_blend_equals_mmcvs_pillow_one_bit_for_bit(op, mmcv_op, kind):
+    """Brightness, contrast and saturation with PIL's arithmetic: its rounded grey image,
+    its contrast anchor int(mean + 0.5) and its float blend truncated to uint8."""
+    images = _images(8, seed=op) if kind == 'smooth' else np.random.default_rng(op).integers(
+        0, 256, (8, 24, 24, 3), dtype=np.uint8)
+    factors = torch.tensor([0.6, 0.8, 1.2, 1.4, 0.7, 1.0, 1.3, 0.9]).add(0.0123)
+    ours = _blend(_as_tensor(images), torch.full((8, ), op), factors).permute(0, 2, 3, 1)
+    for i, (image, factor) in enumerate(zip(images, factors.tolist())):
+        expected = getattr(mmcv, mmcv_op)(image, factor, backend='pillow')
+        np.testing.assert_array_equal(ours[i].numpy(), expected.astype(np.float32),
+                                      err_msg=f'{mmcv_op}, image {i}, factor {factor}')
+
+
+def test_hue_rotation_is_mmcvs_pillow_one_up_to_pils_hsv_quantisation():
+    images = _images(8, seed=3)
+    factors = [-0.1, -0.05, 0.02, 0.1, 0.07, -0.08, 0.0, 0.04]
+    ours = _rotate_hue(_as_tensor(images), torch.tensor(factors)).round().clamp(0, 255)
     ours = ours.permute(0, 2, 3, 1).numpy()
     for i, (image, factor) in enumerate(zip(images, factors)):
-        expected = getattr(mmcv, mmcv_op)(image, factor, backend='pillow')
+        expected = mmcv.adjust_hue(image, factor, backend='pillow')
         diff = np.abs(ours[i] - expected.astype(np.float32))
-        # Brightness, contrast and saturation: PIL's fixed point rounds differently by at
-        # most a level. Hue: PIL's HSV round trip quantises H, S and V to 8 bits (mmcv
-        # shifts H by whole 1/256 steps, as ours does): up to 8 levels where a colour is
-        # saturated, under half a level on average.
-        limit = 8 if op == 3 else 1
-        assert diff.max() <= limit and diff.mean() < 0.5, (i, factor, diff.max(), diff.mean())
+        # PIL's HSV round trip quantises H, S and V to 8 bits (mmcv shifts H by whole 1/256
+        # steps, as ours does): up to 8 levels where a colour is saturated, under half a
+        # level on average.
+        assert diff.max() <= 8 and diff.mean() < 0.5, (i, factor, diff.max(), diff.mean())
 
 
 def test_no_op_leaves_the_images_unchanged():
@@ -169,16 +178,20 @@ def test_the_preprocessor_crops_only_in_training_and_refuses_mixed_sizes():
         pre(dict(inputs=[images[0], images[1, :, :8]], data_samples=None), training=True)
 
 
-def test_flip_grey_and_solarise_match_the_per_image_operations():
-    from mmpretrain.datasets.transforms import RandomGrayscale
+def _pil_grey(bgr: np.ndarray) -> np.ndarray:
+    """DINO's grey view: torchvision's RandomGrayscale is PIL's convert('L'), in 3 channels."""
+    grey = np.array(Image.fromarray(np.ascontiguousarray(bgr[..., ::-1])).convert('L'))
+    return np.repeat(grey[..., None], 3, axis=-1)
 
+
+def test_flip_grey_and_solarise_match_the_per_image_operations():
     from mst_mm.models.utils.batch_multicrop import _flip, _grayscale, _solarize
-    images = _images(4)
-    chosen = torch.tensor([True, False, True, False])
-    grey = RandomGrayscale(prob=1.0, keep_channels=True, channel_weights=(0.114, 0.587, 0.2989))
+    images = np.concatenate([_images(4), np.random.default_rng(0).integers(
+        0, 256, (4, 32, 32, 3), dtype=np.uint8)])
+    chosen = torch.tensor([True, False, True, False] * 2)
     per_image = {
         _flip: lambda img: mmcv.imflip(img, 'horizontal'),
-        _grayscale: lambda img: grey(dict(img=img.copy()))['img'],
+        _grayscale: _pil_grey,
         _solarize: lambda img: mmcv.solarize(img, thr=128),
     }
     for batched, reference in per_image.items():

@@ -6,6 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from mmengine.hooks import RuntimeInfoHook
+from mmengine.logging import MessageHub
 from mmengine.runner import Runner
 
 from mst_mm.engine.hooks import CollapseMonitorHook, collapse_mode
@@ -72,14 +74,17 @@ class FakeRunner(SimpleNamespace):
 
     def __init__(self):
         logger = logging.getLogger('collapse-monitor-test')
-        super().__init__(iter=0, logger=logger,
+        super().__init__(iter=0, logger=logger, message_hub=MessageHub('collapse-monitor-test'),
                          model=SimpleNamespace(head=SimpleNamespace(center=torch.zeros(1, K))))
 
 
 def feed(hook, runner, entropy, kl, times):
+    """Iterations as the runner calls the hooks: mmengine's RuntimeInfoHook (priority
+    VERY_HIGH) reads the outputs into the message hub, then the monitor runs."""
     for _ in range(times):
-        hook.after_train_iter(runner, 0, outputs=dict(teacher_entropy=torch.tensor(entropy),
-                                                       teacher_student_kl=torch.tensor(kl)))
+        outputs = dict(teacher_entropy=torch.tensor(entropy), teacher_student_kl=torch.tensor(kl))
+        RuntimeInfoHook().after_train_iter(runner, 0, outputs=outputs)
+        hook.after_train_iter(runner, 0, outputs=outputs)
         runner.iter += 1
 
 

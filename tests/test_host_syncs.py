@@ -219,3 +219,136 @@ def test_the_teacher_counts_its_updates_on_the_host_and_a_load_sets_the_count(me
         resumed.update_parameters(student)
     assert counter.reads == []
     assert momenta == [3] and int(resumed.steps) == 4
+
+
+class PythonDataTensors:
+    """Context manager that records ``(what, file, function)`` of every tensor built from
+    Python data in its block (``torch.tensor``, ``torch.as_tensor`` and ``Tensor.new_tensor``
+    of anything but a tensor) and of every index with a Python list (``x[:, [2, 1, 0]]``).
+    On a GPU each is a copy from the host, which waits for the stream: a synchronisation
+    that a CPU, with no copy, never shows."""
+
+    FACTORIES = {'tensor', 'as_tensor', 'new_tensor'}
+
+    def __init__(self) -> None:
+        self.made: List[Tuple[str, str, str]] = []
+        outer = self
+
+        class Functions(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                name = getattr(func, '__name__', '')
+                data = args[1] if name == 'new_tensor' else (args[0] if args else None)
+                if name in outer.FACTORIES and not isinstance(data, torch.Tensor):
+                    outer._record(name)
+                elif name == '__getitem__' and _holds_a_list(args[1]):
+                    outer._record('list index')
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Functions()
+
+    def _record(self, what: str) -> None:
+        frame = sys._getframe(2)
+        while frame.f_code.co_filename.startswith(TORCH_DIR):
+            frame = frame.f_back
+        path = frame.f_code.co_filename
+        for root in (str(REPO) + os.sep, os.sep + 'site-packages' + os.sep):
+            path = path.split(root, 1)[-1]
+        self.made.append((what, path, frame.f_code.co_name))
+
+    def __enter__(self) -> 'PythonDataTensors':
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+
+
+def _holds_a_list(index) -> bool:
+    return isinstance(index, list) or (isinstance(index, tuple)
+                                       and any(isinstance(i, list) for i in index))
+
+
+FROM_PYTHON = {
+    'torch.tensor': lambda: torch.tensor([5.0, 3.0, 1.0]),
+    'torch.as_tensor': lambda: torch.as_tensor([0, 1]),
+    'new_tensor': lambda: x.new_tensor([[0, 0, 1], [1, 0, 0]]),
+    'scalar tensor': lambda: torch.tensor(0.5),
+    'list index': lambda: x.view(5, 1)[[4, 2, 0]],
+    'list index in a tuple': lambda: x.view(1, 5)[:, [2, 1, 0]],
+}
+NOT_FROM_PYTHON = {
+    'arange': lambda: torch.arange(5.0, 0.0, -2.0),
+    'full': lambda: torch.full((3, ), 0.5),
+    'flip': lambda: x.view(1, 5).flip(1),
+    'as_tensor of a tensor': lambda: torch.as_tensor(x),
+    'tensor index': lambda: x[x.argsort()],
+    'slice': lambda: x[1:3],
+}
+
+
+@pytest.mark.parametrize('planted', list(FROM_PYTHON))
+def test_a_tensor_from_python_data_is_seen_where_it_is_made(planted):
+    with PythonDataTensors() as counter:
+        FROM_PYTHON[planted]()
+    assert [(path, function) for _, path, function in counter.made] == [
+        ('tests/test_host_syncs.py', '<lambda>')]
+
+
+@pytest.mark.parametrize('work', list(NOT_FROM_PYTHON))
+def test_tensors_made_on_the_device_are_not_counted(work):
+    with PythonDataTensors() as counter:
+        NOT_FROM_PYTHON[work]()
+    assert counter.made == []
+
+
+@pytest.fixture(scope='module')
+def deit_s_step():
+    """DeiT-S's model and optimiser wrapper with the config's own data preprocessor
+    (BatchViewAugment on the workers' 224- and 96-px views), after one step (the teacher's
+    copy, the optimiser's state), and a batch of 2 images."""
+    from mmengine.logging import MessageHub
+    benchmark = load_tool('tools/analysis/benchmark.py')
+    cfg = Config.fromfile(str(REPO / 'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py'))
+    MessageHub.get_instance('deit-s-step').update_info('max_iters', 100)
+    model, optim_wrapper = benchmark.build_for_training(cfg, 'cpu')
+    batch = benchmark.synthetic_batch(cfg, batch_size=2)
+    batch['inputs'] = [view.to(torch.uint8) for view in batch['inputs']]  # as the workers
+    model.train_step(batch, optim_wrapper)
+    return model, optim_wrapper, batch
+
+
+def test_a_deit_s_training_step_makes_no_tensor_from_python_data(deit_s_step):
+    """The whole step: views, teacher, mask, student, decoder, losses, backward, clipping,
+    AdamW and the EMA teacher."""
+    model, optim_wrapper, batch = deit_s_step
+    with PythonDataTensors() as counter:
+        model.train_step(batch, optim_wrapper)
+    assert counter.made == []
+
+
+def test_the_step_check_fails_on_a_planted_tensor(deit_s_step, monkeypatch):
+    """The same step with the decoder's upsampling taps built from a list again, and
+    mmpretrain's channel swap by list index: both are found, each once per call."""
+    from mmpretrain.models import SelfSupDataPreprocessor
+
+    from mst_mm.models.heads import decoder_head
+    model, optim_wrapper, batch = deit_s_step
+
+    def planted_upsample(x, weight, bias=None):
+        taps = weight.new_tensor([[0, 0, 1], [0, 1, 1], [1, 1, 0], [1, 0, 0]])
+        kernel = taps @ weight @ taps.T
+        return torch.nn.functional.conv_transpose2d(x, kernel.transpose(0, 1), bias,
+                                                    stride=2, padding=1)
+
+    monkeypatch.setattr(decoder_head, 'upsample2x_conv3x3', planted_upsample)
+    monkeypatch.setattr(type(model.data_preprocessor), '_normalise',
+                        lambda self, v: SelfSupDataPreprocessor.forward(
+                            self, dict(inputs=v, data_samples=None))['inputs'])
+    with PythonDataTensors() as counter:
+        model.train_step(batch, optim_wrapper)
+    stages = len(model.decoder_head.channels)  # one 2x upsampling per stage
+    assert counter.made.count(('new_tensor', 'tests/test_host_syncs.py', 'planted_upsample')) \
+        == stages > 0
+    swaps = [made for made in counter.made if made[0] == 'list index']
+    assert len(swaps) == len(batch['inputs'])
+    assert {path for _, path, _ in swaps} == {'mmpretrain/models/utils/data_preprocessor.py'}

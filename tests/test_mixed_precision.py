@@ -17,33 +17,67 @@ WRAPPER = dict(type='DINOOptimWrapper', optimizer=dict(type='AdamW', lr=1e-3))
 
 @pytest.fixture
 def gpu(monkeypatch):
-    """A stand-in CUDA GPU for the choice: ``gpu(bf16=...)`` says what it supports."""
-    def make(bf16: bool) -> list:
+    """A stand-in CUDA GPU for the choice: ``gpu(capability=(major, minor))``. It claims
+    bfloat16 support whatever its capability, as ``torch.cuda.is_bf16_supported()`` does
+    where bfloat16 is only emulated."""
+    def make(capability=(8, 0), name: str = 'NVIDIA A100-SXM4-80GB') -> list:
         precision = []
         monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
         monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)  # mmengine's log line asks
-        monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *a, **k: bf16)
+        monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *a, **k: True)
+        monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda *a, **k: capability)
+        monkeypatch.setattr(torch.cuda, 'get_device_name', lambda *a, **k: name)
         monkeypatch.setattr(torch, 'set_float32_matmul_precision', precision.append)
         return precision
     return make
 
 
-def test_auto_is_bfloat16_without_a_scaler_where_the_gpu_has_it(gpu):
-    gpu(bf16=True)
+@pytest.fixture
+def logged(monkeypatch):
+    """The messages that mixed_precision logs."""
+    from mst_mm.engine import mixed_precision
+    messages = []
+    monkeypatch.setattr(mixed_precision, 'print_log', lambda msg, **kwargs: messages.append(msg))
+    return messages
+
+
+@pytest.mark.parametrize('capability,name', [((8, 0), 'NVIDIA A100-SXM4-80GB'),
+                                             ((9, 0), 'NVIDIA H100 80GB HBM3'),
+                                             ((8, 9), 'NVIDIA L4')])
+def test_auto_is_bfloat16_without_a_scaler_where_the_gpu_runs_it_natively(
+        gpu, logged, capability, name):
+    gpu(capability, name)
     cfg = resolve_mixed_precision(dict(WRAPPER, mixed_precision='auto'))
     assert cfg == dict(WRAPPER, type='DINOAmpOptimWrapper', dtype='bfloat16',
                        loss_scale=dict(enabled=False))
+    major, minor = capability
+    assert logged == [f'Training in mixed precision, bfloat16 (auto: {name}, compute '
+                      f'capability {major}.{minor} runs bfloat16 natively; '
+                      'optim_wrapper.mixed_precision=None trains in float32).']
 
 
-def test_auto_is_float16_with_dynamic_scaling_on_older_gpus(gpu):
-    gpu(bf16=False)
+@pytest.mark.parametrize('capability,name', [((7, 0), 'Tesla V100-SXM2-32GB'),
+                                             ((7, 5), 'Tesla T4'), ((6, 1), 'Tesla P40')])
+def test_auto_is_float16_with_dynamic_scaling_where_bfloat16_is_only_emulated(
+        gpu, logged, capability, name):
+    gpu(capability, name)
     cfg = resolve_mixed_precision(dict(WRAPPER, mixed_precision='auto'))
     assert cfg == dict(WRAPPER, type='DINOAmpOptimWrapper', dtype='float16',
                        loss_scale='dynamic')
+    assert len(logged) == 1 and logged[0].startswith('Training in mixed precision, float16 ')
+    major, minor = capability
+    assert f'{name}, compute capability {major}.{minor} has no bfloat16 tensor cores' in logged[0]
+
+
+def test_an_explicit_choice_is_kept_on_any_gpu(gpu, logged):
+    gpu((7, 0), 'Tesla V100-SXM2-32GB')
+    cfg = resolve_mixed_precision(dict(WRAPPER, mixed_precision='bfloat16'))
+    assert cfg['dtype'] == 'bfloat16' and cfg['loss_scale'] == dict(enabled=False)
+    assert '(optim_wrapper.mixed_precision;' in logged[0]
 
 
 def test_float32_turns_tf32_on_only_on_a_gpu(gpu, monkeypatch):
-    precision = gpu(bf16=True)
+    precision = gpu()
     assert resolve_mixed_precision(dict(WRAPPER, mixed_precision=None)) == WRAPPER
     assert precision == ['high']
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)

@@ -23,7 +23,10 @@ warmup_epochs = 1
 batch_size = 64
 
 model = dict(
-    data_preprocessor=dict(mean=[127.5] * 3, std=[64.0] * 3),
+    # DINO's blur radius (0.1-2.0 px) is for 224-px crops; scaled down for 32- and 16-px
+    # ones, as the evidence recipe does (on 32 px, 2 px erases a silhouette).
+    data_preprocessor=dict(mean=[127.5] * 3, std=[64.0] * 3,
+                           multi_crop=dict(blur_radius=(0.1, 0.5))),
     backbone=dict(
         arch=dict(_delete_=True, embed_dims=embed_dims, num_layers=4, num_heads=4,
                   feedforward_channels=embed_dims * 4),

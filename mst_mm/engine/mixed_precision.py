@@ -4,6 +4,7 @@ mmengine turns mixed precision on only through the wrapper's type (``AmpOptimWra
 ``--amp``), so a config cannot ask for "mixed precision where there is a GPU"; this does.
 """
 import logging
+from typing import Tuple
 
 import torch
 from mmengine.logging import print_log
@@ -16,9 +17,12 @@ MIXED_PRECISION = ('auto', 'bfloat16', 'float16', None)
 def resolve_mixed_precision(optim_wrapper_cfg: dict) -> dict:
     """The wrapper config that ``optim_wrapper_cfg['mixed_precision']`` asks for, without it.
 
-    - ``'auto'``: on a CUDA GPU, bfloat16 where the GPU supports it (no loss scaling, so no
-      host synchronisation in the step), else float16 with dynamic loss scaling (as DINO's
-      ``--use_fp16``); without CUDA, float32 (CPU runs are unchanged).
+    - ``'auto'``: on a CUDA GPU, bfloat16 where the GPU runs it natively (compute capability
+      8.0 or higher: A100, H100, L4, RTX 30xx and later; no loss scaling, so no host
+      synchronisation in the step), else float16 with dynamic loss scaling (as DINO's
+      ``--use_fp16``): V100, T4 and RTX 20xx have no bfloat16 tensor cores, and
+      ``torch.cuda.is_bf16_supported()`` says True where bfloat16 is only emulated. Without
+      CUDA, float32 (CPU runs are unchanged).
     - ``'bfloat16'`` or ``'float16'``: that type, as above, on any device.
     - ``None`` (or the key absent): float32; on a GPU with TF32 matrix products.
 
@@ -33,9 +37,9 @@ def resolve_mixed_precision(optim_wrapper_cfg: dict) -> dict:
     if AMP_OPTIM_WRAPPERS.get(wrapper) == wrapper:  # mixed precision already
         return cfg
     on_gpu = torch.cuda.is_available()
+    reason = 'optim_wrapper.mixed_precision'
     if choice == 'auto':
-        choice = None if not on_gpu else (
-            'bfloat16' if torch.cuda.is_bf16_supported() else 'float16')
+        choice, reason = auto_precision() if on_gpu else (None, 'no CUDA GPU')
     if choice is None:
         if on_gpu:
             # float32 runs its matrix products on TF32 tensor cores, as most GPU recipes do.
@@ -51,6 +55,21 @@ def resolve_mixed_precision(optim_wrapper_cfg: dict) -> dict:
     # bfloat16 has float32's range: a loss scaler would only add a host read per step.
     loss_scale = dict(enabled=False) if choice == 'bfloat16' else 'dynamic'
     cfg.update(type=AMP_OPTIM_WRAPPERS[wrapper], dtype=choice, loss_scale=loss_scale)
-    print_log(f'Training in mixed precision, {choice} (optim_wrapper.mixed_precision; '
-              'None trains in float32).', logger='current', level=logging.INFO)
+    print_log(f'Training in mixed precision, {choice} ({reason}; '
+              'optim_wrapper.mixed_precision=None trains in float32).', logger='current',
+              level=logging.INFO)
     return cfg
+
+
+#: The first compute capability with bfloat16 tensor cores (Ampere).
+NATIVE_BF16_CAPABILITY = (8, 0)
+
+
+def auto_precision() -> Tuple[str, str]:
+    """``'auto'``'s choice on this process's CUDA GPU, and why, for the log."""
+    capability = torch.cuda.get_device_capability()
+    gpu = f'{torch.cuda.get_device_name()}, compute capability {capability[0]}.{capability[1]}'
+    if tuple(capability) >= NATIVE_BF16_CAPABILITY:
+        return 'bfloat16', f'auto: {gpu} runs bfloat16 natively'
+    return 'float16', (f'auto: {gpu} has no bfloat16 tensor cores, so float16 with dynamic '
+                       'loss scaling, as DINO')

@@ -43,7 +43,11 @@ class CollapseMonitorHook(Hook):
                          outputs: Optional[dict] = None) -> None:
         if not outputs or 'teacher_entropy' not in outputs:
             return
-        entropy, kl = float(outputs['teacher_entropy']), float(outputs['teacher_student_kl'])
+        # The values mmengine's RuntimeInfoHook (priority VERY_HIGH) has just read into the
+        # message hub: reading the output tensors again would be another device read.
+        hub = runner.message_hub
+        entropy = hub.get_scalar('train/teacher_entropy').current()
+        kl = hub.get_scalar('train/teacher_student_kl').current()
         num_prototypes = get_ori_model(runner.model).head.center.shape[-1]
         mode = collapse_mode(entropy, kl, num_prototypes, **self.thresholds)
         self._streak = self._streak + 1 if mode == self._mode else 1

@@ -37,18 +37,22 @@ def pooled_query_attention(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
         block (nn.Module): The last ``SwinBlock`` of the last stage.
         x (Tensor): Its input tokens, (B, N, C).
 
+    Computed in float32 whatever the autocast context: it ranks the tokens for the mask.
+
     Returns:
-        Tensor: (B, heads, N), each row summing to 1.
+        Tensor: (B, heads, N), each row summing to 1, float32.
     """
     w_msa = block.attn.w_msa
     batch, tokens, channels = x.shape
     heads = w_msa.num_heads
-    normed = block.norm1(torch.cat([x.mean(dim=1, keepdim=True), x], dim=1))
-    qkv = w_msa.qkv(normed).reshape(batch, tokens + 1, 3, heads, channels // heads)
-    query = qkv[:, :1, 0].transpose(1, 2)          # (B, heads, 1, d)
-    keys = qkv[:, 1:, 1].transpose(1, 2)           # (B, heads, N, d)
-    scores = (query.float() @ keys.float().transpose(-2, -1)) * w_msa.scale
-    return scores.softmax(dim=-1)[:, :, 0]
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        x = x.float()
+        normed = block.norm1(torch.cat([x.mean(dim=1, keepdim=True), x], dim=1))
+        qkv = w_msa.qkv(normed).reshape(batch, tokens + 1, 3, heads, channels // heads)
+        query = qkv[:, :1, 0].transpose(1, 2)          # (B, heads, 1, d)
+        keys = qkv[:, 1:, 1].transpose(1, 2)           # (B, heads, N, d)
+        scores = (query @ keys.transpose(-2, -1)) * w_msa.scale
+        return scores.softmax(dim=-1)[:, :, 0]
 
 
 def pooled_similarity(tokens: torch.Tensor) -> torch.Tensor:
@@ -65,9 +69,11 @@ def pooled_similarity(tokens: torch.Tensor) -> torch.Tensor:
         tokens (Tensor): The last stage's normed output, (B, N, C).
 
     Returns:
-        Tensor: (B, N), in [-1, 1].
+        Tensor: (B, N), in [-1, 1], float32 whatever the autocast context.
     """
-    return F.cosine_similarity(tokens, tokens.mean(dim=1, keepdim=True), dim=-1)
+    with torch.autocast(device_type=tokens.device.type, enabled=False):
+        tokens = tokens.float()
+        return F.cosine_similarity(tokens, tokens.mean(dim=1, keepdim=True), dim=-1)
 
 
 def upsample_mask(mask: torch.Tensor, grid: Tuple[int, int], factor: int,
@@ -195,7 +201,7 @@ class MaskSwin(MaskTokenMixin, SwinTransformer):
         attn = attn_heads.mean(dim=1) if attn_heads is not None else None
         if with_attn and self.guidance == 'pooled_similarity':
             with torch.no_grad():
-                attn = pooled_similarity(tokens.float())
+                attn = pooled_similarity(tokens)
         feat_map = tokens.transpose(1, 2).reshape(x.shape[0], -1, *hw_shape)
         return MSTFeatures(tokens.mean(dim=1), feat_map, attn, attn_heads, tuple(hw_shape))
 

@@ -1,4 +1,5 @@
 """A ViT that takes MST's mask and returns the teacher's CLS attention (Eq. 5, Eq. 7)."""
+from contextlib import nullcontext
 from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -53,26 +54,41 @@ def encoder_layer_with_cls_attention(layer: nn.Module, x: torch.Tensor, cls_only
         tuple: The layer output, (B, 1 + N, C), or (B, 1, C) with ``cls_only``; and, with
         ``with_attn``, the CLS-to-patch attention of each head, (B, heads, N), taken over all
         keys and then restricted to the patches (as DINO does), whose mean over heads is
-        Eq. 5 (else None).
+        Eq. 5, in float32 under any autocast (else None).
     """
     attn = layer.attn
     h = layer.ln1(x)
     batch, tokens, _ = h.shape
-    if cls_only:
-        if attn.v_shortcut:
-            raise ValueError('cls_only needs a layer without v_shortcut (whose output adds '
-                             'every token\'s value).')
-        # The qkv projection's first C outputs are the queries: only the CLS token's.
-        weight, bias = attn.qkv.weight, attn.qkv.bias
-        channels = attn.embed_dims
-        q = F.linear(h[:, :1], weight[:channels], None if bias is None else bias[:channels])
-        q = q.reshape(batch, 1, attn.num_heads, attn.head_dims).transpose(1, 2)
-        kv = F.linear(h, weight[channels:], None if bias is None else bias[channels:])
-        k, v = kv.reshape(batch, tokens, 2, attn.num_heads, attn.head_dims).permute(2, 0, 3, 1, 4)
-        x = x[:, :1]
-    else:
-        qkv = attn.qkv(h).reshape(batch, tokens, 3, attn.num_heads, attn.head_dims)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+    # The guidance ranks the patches for the mask: with it, the projections and the scores
+    # run in float32 whatever the autocast context (in bfloat16 the ranking would compare
+    # 8-bit scores). Only the attention output below is left to autocast.
+    precision = (torch.autocast(device_type=h.device.type, enabled=False) if with_attn
+                 else nullcontext())
+    with precision:
+        if with_attn:
+            h = h.float()
+        if cls_only:
+            if attn.v_shortcut:
+                raise ValueError('cls_only needs a layer without v_shortcut (whose output '
+                                 'adds every token\'s value).')
+            # The qkv projection's first C outputs are the queries: only the CLS token's.
+            weight, bias = attn.qkv.weight, attn.qkv.bias
+            channels = attn.embed_dims
+            q = F.linear(h[:, :1], weight[:channels],
+                         None if bias is None else bias[:channels])
+            q = q.reshape(batch, 1, attn.num_heads, attn.head_dims).transpose(1, 2)
+            kv = F.linear(h, weight[channels:], None if bias is None else bias[channels:])
+            k, v = kv.reshape(batch, tokens, 2, attn.num_heads,
+                              attn.head_dims).permute(2, 0, 3, 1, 4)
+            x = x[:, :1]
+        else:
+            qkv = attn.qkv(h).reshape(batch, tokens, 3, attn.num_heads, attn.head_dims)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        cls_attn = None
+        if with_attn:
+            with torch.no_grad():
+                scores = (q[:, :, :1] @ k.transpose(-2, -1)) * attn.head_dims**-0.5
+                cls_attn = scores.softmax(dim=-1)[:, :, 0, 1:]
     dropout_p = attn.attn_drop if attn.training else 0.
     out = attn.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
     out = out.transpose(1, 2).reshape(batch, q.shape[2], attn.embed_dims)
@@ -81,12 +97,6 @@ def encoder_layer_with_cls_attention(layer: nn.Module, x: torch.Tensor, cls_only
         out = v.squeeze(1) + out
     x = x + out
     x = layer.ffn(layer.ln2(x), identity=x)
-
-    cls_attn = None
-    if with_attn:
-        with torch.no_grad():
-            scores = (q[:, :, :1].float() @ k.float().transpose(-2, -1)) * attn.head_dims**-0.5
-            cls_attn = scores.softmax(dim=-1)[:, :, 0, 1:]
     return x, cls_attn
 
 

@@ -40,9 +40,16 @@ def upsample2x_conv3x3(x: torch.Tensor, weight: torch.Tensor,
     Returns:
         Tensor: (B, C_out, 2H, 2W).
     """
-    taps = weight.new_tensor([[0, 0, 1], [0, 1, 1], [1, 1, 0], [1, 0, 0]])
-    kernel = taps @ weight @ taps.T                         # (C_out, C_in, 4, 4)
+    kernel = _four_taps(_four_taps(weight, -2), -1)        # A W A^T: (C_out, C_in, 4, 4)
     return F.conv_transpose2d(x, kernel.transpose(0, 1), bias, stride=2, padding=1)
+
+
+def _four_taps(weight: torch.Tensor, dim: int) -> torch.Tensor:
+    """:math:`A w` along ``dim``: :math:`(w_2, w_1 + w_2, w_0 + w_1, w_0)`, as sums rather
+    than a product with a constant matrix, which would be a tensor made from Python data
+    (a copy to the GPU, with a stream synchronisation) at every step."""
+    w0, w1, w2 = weight.unbind(dim)
+    return torch.stack([w2, w1 + w2, w0 + w1, w0], dim)
 
 
 class ChannelsLastConv2d(nn.Conv2d):

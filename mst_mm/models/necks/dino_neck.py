@@ -113,8 +113,12 @@ class DINONeck(BaseModule):
             return self.mlp(x)
 
     def _prototypes(self, x: torch.Tensor) -> torch.Tensor:
-        """L2 normalisation and the weight-normalised last layer."""
-        return self.last_layer(F.normalize(x, dim=-1, p=2))
+        """L2 normalisation and the weight-normalised last layer, in float32 whatever the
+        autocast context: the teacher's logits are divided by 0.04 and sharpened, and a
+        logit rounded to bfloat16's 8 bits of mantissa would move its probability by up to
+        a factor exp(|logit| 2**-8 / 0.04)."""
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            return self.last_layer(F.normalize(x.float(), dim=-1, p=2))
 
     def forward_crops(self, global_feat: torch.Tensor,
                       local_feats: List[torch.Tensor]) -> torch.Tensor:

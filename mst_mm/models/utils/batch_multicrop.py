@@ -18,16 +18,15 @@ operations rounded to the uint8 grid after each step, where PIL works in fixed p
 back to the host, so on a GPU the preprocessor queues its work without waiting.
 """
 import math
-from functools import partial
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 from mmpretrain.models import SelfSupDataPreprocessor
 from mmpretrain.registry import MODELS, TRANSFORMS
 
-# BGR weights of PIL's RGB -> L conversion (ITU-R 601), used by contrast and saturation.
-_LUMA_BGR = (0.114, 0.587, 0.299)
-
+# PIL's RGB -> L conversion in 16-bit fixed point, rounded (Convert.c, L24), for B, G, R.
+# In float32 it is exact: every partial sum of whole grey levels stays below 2**24.
+_L24_BGR = (7471.0, 38470.0, 19595.0)
 
 def _cubic(x: torch.Tensor, a: float = -0.5) -> torch.Tensor:
     """PIL's bicubic kernel (Keys, a = -0.5)."""
@@ -106,9 +105,11 @@ def _to_uint8_grid(x: torch.Tensor) -> torch.Tensor:
     return x.round_().clamp_(0, 255)
 
 
-def _luma(x: torch.Tensor) -> torch.Tensor:
+def _pil_luma(x: torch.Tensor) -> torch.Tensor:
+    """PIL's ``convert('L')`` of BGR images with whole grey levels: (N, 1, H, W)."""
     b, g, r = x.unbind(1)
-    return (_LUMA_BGR[0] * b + _LUMA_BGR[1] * g + _LUMA_BGR[2] * r).unsqueeze(1)
+    weighted = _L24_BGR[0] * b + _L24_BGR[1] * g + _L24_BGR[2] * r + 32768.0
+    return torch.floor(weighted / 65536.0).unsqueeze(1)
 
 
 def _rotate_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -125,7 +126,7 @@ def _rotate_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     steps = torch.trunc(shift * 255) % 256
     hue = (hue + steps[:, None, None] / 256) % 1.0
     # HSV -> RGB with k = (n + 6 h) mod 6: c = v - delta * clamp(min(k, 4 - k), 0, 1).
-    n = torch.tensor([5.0, 3.0, 1.0], device=x.device).view(1, 3, 1, 1)  # R, G, B
+    n = torch.arange(5.0, 0.0, -2.0, device=x.device).view(1, 3, 1, 1)  # R, G, B: 5, 3, 1
     k = (n + 6 * hue.unsqueeze(1)) % 6
     rgb = high.unsqueeze(1) - delta.unsqueeze(1) * torch.clamp(torch.minimum(k, 4 - k), 0, 1)
     return rgb.flip(1)                                                  # back to BGR
@@ -133,18 +134,20 @@ def _rotate_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
 
 def _blend(x: torch.Tensor, op: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """One of mmcv's pillow blends per image, ``op`` 0 brightness, 1 contrast, 2 saturation,
-    anything else none: PIL's ``anchor + f (x - anchor)`` with the anchor black, the mean
-    grey level or the grey image."""
+    anything else none, with PIL's arithmetic (``ImageEnhance``, ``Image.blend``): the float
+    ``anchor + f (x - anchor)`` truncated to uint8, with the anchor black, the grey image's
+    mean rounded half up, or the grey image (PIL's rounded ``convert('L')``)."""
     contrast = (op == 1).to(x).view(-1, 1, 1, 1)
     saturation = (op == 2).to(x).view(-1, 1, 1, 1)
-    luma = _luma(x)
-    anchor = (contrast * _to_uint8_grid(luma.mean((2, 3), keepdim=True))
-              + saturation * _to_uint8_grid(luma))
+    luma = _pil_luma(x)
+    # ImageStat's mean in float64, then int(mean + 0.5): PIL's contrast anchor, exactly.
+    mean = luma.sum((2, 3), keepdim=True, dtype=torch.float64) / luma[0].numel()
+    anchor = contrast * torch.floor(mean + 0.5).to(x) + saturation * luma
     # Images whose op is no blend get factor 1: anchor + (x - anchor) is x, exactly, as
     # both are whole numbers.
     blend = ((op >= 0) & (op <= 2)).to(x)
     factor_or_one = (blend * factor + (1 - blend)).view(-1, 1, 1, 1)
-    return _to_uint8_grid(anchor + factor_or_one * (x - anchor))
+    return (anchor + factor_or_one * (x - anchor)).clamp_(0, 255).floor_()
 
 
 def _jitter(x: torch.Tensor, jittered: torch.Tensor, order: torch.Tensor,
@@ -178,11 +181,9 @@ def _flip(x: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
 
 
 def _grayscale(x: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-    """mmpretrain's ``RandomGrayscale`` of the ``chosen`` BGR images with MultiCrop's
-    channel weights (0.114, 0.587, 0.2989), normalised, truncated to uint8, in 3 channels."""
-    b, g, r = x.unbind(1)
-    luma = ((0.114 * b + 0.587 * g + 0.2989 * r) / (0.114 + 0.587 + 0.2989)).floor()
-    return torch.where(chosen.view(-1, 1, 1, 1), luma.unsqueeze(1).expand_as(x), x)
+    """DINO's ``RandomGrayscale`` (torchvision: PIL's rounded ``convert('L')``) of the
+    ``chosen`` BGR images, in 3 channels."""
+    return torch.where(chosen.view(-1, 1, 1, 1), _pil_luma(x).expand_as(x), x)
 
 
 def _solarize(x: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
@@ -389,6 +390,16 @@ class MultiCropDataPreprocessor(SelfSupDataPreprocessor):
     :class:`BatchViewAugment`, the views that the workers cut go in. Outside training (k-NN,
     pictures) images pass as they are.
 
+    Two things differ from the parent, both for the GPU:
+
+    - **float32 views.** mmengine calls the preprocessor inside the optimiser wrapper's
+      autocast context; the views are made and normalised with autocast off, so the blur and
+      the resize (matrix products) do not run in bfloat16 or float16. DINO's views are 8-bit
+      PIL images normalised in float32.
+    - **BGR to RGB by ``flip``.** The parent swaps the channels with ``x[:, [2, 1, 0]]``,
+      whose Python list becomes an index tensor copied to the GPU (a stream synchronisation)
+      once per view; ``flip(1)`` gives the same values with no copy.
+
     Args:
         multi_crop (dict): The batched transform, built from mmpretrain's ``TRANSFORMS``.
         **kwargs: ``SelfSupDataPreprocessor``'s arguments (mean, std, to_rgb,
@@ -400,11 +411,20 @@ class MultiCropDataPreprocessor(SelfSupDataPreprocessor):
         self.multi_crop = TRANSFORMS.build(multi_crop)
 
     def forward(self, data: dict, training: bool = False) -> dict:
-        if not training:
-            return super().forward(data, training)
-        inputs = data['inputs']
+        if not isinstance(data, dict):
+            raise TypeError('MultiCropDataPreprocessor takes the dict of default_collate '
+                            f"(collate_fn=dict(type='default_collate')), got {type(data)}.")
         # With pinned loader memory (pin_memory=True) the copies overlap the queued work.
-        to_device = partial(torch.Tensor.to, device=self.device, non_blocking=self._non_blocking)
-        inputs = (to_device(inputs) if isinstance(inputs, torch.Tensor)
-                  else [to_device(view) for view in inputs])
-        return super().forward(dict(data, inputs=self.multi_crop(inputs)), training)
+        data = self.cast_data(data)
+        with torch.autocast(device_type=self.device.type, enabled=False):
+            inputs = self.multi_crop(data['inputs']) if training else data['inputs']
+            inputs = (self._normalise(inputs) if isinstance(inputs, torch.Tensor)
+                      else [self._normalise(view) for view in inputs])
+        return dict(inputs=inputs, data_samples=data.get('data_samples'))
+
+    def _normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """The parent's channel swap, float conversion and normalisation of one tensor."""
+        if self._channel_conversion:
+            x = x.flip(1)
+        x = x.float()
+        return (x - self.mean) / self.std if self._enable_normalize else x

@@ -56,6 +56,11 @@ class FusedCosineEMA(CosineEMA):
         super()._load_from_state_dict(*args, **kwargs)
         self._host_steps = int(self.steps)  # a resume's one read, outside the steps
 
+    @property
+    def host_steps(self) -> int:
+        """The number of updates so far, as ``steps`` holds it, without reading the device."""
+        return self._host_steps
+
     def momentum_at(self, steps: int) -> float:
         """The weight of the new value at update ``steps`` (CosineEMA's cosine rule).
 
