@@ -83,7 +83,8 @@ if __name__ == '__main__':
             'mmcv>=2.0.0,<2.2.0',
             'mmengine>=0.10.0,<1.0.0',
             'mmpretrain>=1.2.0,<1.3.0',
-            'numpy<2',
+            # numpy 2: all but mmpretrain's ColorJitter (docs/install.md, "numpy 2").
+            'numpy>=1.26,<3',
         ],
         extras_require={
             'downstream': ['mmdet>=3.3.0,<3.4.0', 'mmsegmentation>=1.2.2,<1.3.0', 'ftfy', 'regex'],

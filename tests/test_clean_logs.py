@@ -183,3 +183,31 @@ def test_weight_decay_teacher_momentum_and_gradient_statistics_are_logged_every_
         assert row['grad_norm'] > 0 and 0 <= row['grad_clipped_ratio'] <= 1
     assert rows[0]['wd'] == pytest.approx(base_wd)
     assert rows[0]['teacher_momentum'] == pytest.approx(0.996)
+
+
+def test_gradient_statistics_are_the_mean_since_the_last_print(tmp_path):
+    """At logger interval 2, ``grad_norm`` and ``grad_clipped_ratio`` at each print are the
+    mean of the two iterations' values (read once, summed on the device), and the teacher's
+    momentum is the one of the printed iteration: the same run, printed every iteration,
+    gives those values."""
+    from mmengine.runner import Runner
+    data_root = make_image_folder(tmp_path / 'data', classes=2, per_class=4)
+    rows = {}
+    for interval in (1, 2):
+        cfg = tiny_runner_cfg(data_root, tmp_path / f'work{interval}', max_epochs=2,
+                              batch_size=2)
+        cfg.default_hooks.logger.interval = interval
+        cfg.log_processor = dict(window_size=1)
+        cfg.experiment_name = f'interval{interval}'
+        Runner.from_cfg(cfg).train()
+        rows[interval] = {r['iter']: r for r in scalars(tmp_path / f'work{interval}')
+                          if 'loss' in r}
+    every, paired = rows[1], rows[2]
+    assert sorted(paired) == [2, 4, 6, 8] and sorted(every) == list(range(1, 9))
+    for it, row in paired.items():
+        assert row['loss'] == pytest.approx(every[it]['loss'], rel=1e-6)  # the same run
+        for name in ('grad_norm', 'grad_clipped_ratio'):
+            expected = (every[it - 1][name] + every[it][name]) / 2
+            assert row[name] == pytest.approx(expected, rel=1e-6), (it, name)
+        assert row['teacher_momentum'] == pytest.approx(every[it]['teacher_momentum'],
+                                                        abs=1e-12)

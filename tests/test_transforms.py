@@ -126,3 +126,29 @@ def test_shift_hue_equals_mmcv_adjust_hue_under_numpy_1(hue_factor):
     expected = mmcv.adjust_hue(np.ascontiguousarray(rgb[..., ::-1]), hue_factor,
                                backend='pillow')[..., ::-1]
     assert np.array_equal(np.array(_shift_hue(Image.fromarray(rgb), hue_factor)), expected)
+
+
+def test_under_numpy_2_mmpretrains_colour_jitter_is_refused_up_front(monkeypatch):
+    """The one path that needs numpy < 2 says so when the pipeline is built, not with
+    mmcv's OverflowError at the first negative hue."""
+    monkeypatch.setattr(np, '__version__', '2.1.0')
+    with pytest.raises(ValueError, match=r"numpy 2 \(numpy 2.1.0 is installed\).*"
+                                         r"fast_transforms=True.*numpy<2"):
+        MultiCrop(global_size=32, local_size=16, num_local_crops=2, fast_transforms=False)
+    MultiCrop(global_size=32, local_size=16, num_local_crops=2)  # the default is fine
+
+
+def test_under_numpy_2_the_jitters_fallback_names_the_fix(monkeypatch):
+    def overflow(self, results):
+        raise OverflowError('Python integer -16 out of bounds for uint8')
+
+    monkeypatch.setattr(ColorJitter, 'transform', overflow)
+    jitter = FusedColorJitter(hue=0.1, backend='cv2')
+    image = np.zeros((8, 8, 3), dtype=np.uint8)
+    monkeypatch.setattr(np, '__version__', '1.26.4')
+    with pytest.raises(OverflowError):  # numpy 1: not ours to explain
+        jitter.transform(dict(img=image))
+    monkeypatch.setattr(np, '__version__', '2.1.0')
+    with pytest.raises(RuntimeError, match=r"numpy 2.1.0 is installed.*backend 'cv2'.*"
+                                           r"pillow backend.*numpy<2"):
+        jitter.transform(dict(img=image))

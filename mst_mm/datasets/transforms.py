@@ -32,6 +32,14 @@ class LoadImageOrSkip(LoadImageFromFile):
         return None
 
 
+NUMPY2_HUE = ("mmpretrain's ColorJitter shifts the hue with mmcv's adjust_hue, which raises "
+              'OverflowError for a negative hue under numpy 2 (numpy {version} is installed)')
+
+
+def _numpy2() -> bool:
+    return int(np.__version__.split('.')[0]) >= 2
+
+
 @TRANSFORMS.register_module()
 class FusedColorJitter(ColorJitter):
     """mmpretrain's ``ColorJitter``, bit for bit, with one PIL round trip instead of mmcv's four;
@@ -41,7 +49,16 @@ class FusedColorJitter(ColorJitter):
         img = results['img']
         if (self.backend != 'pillow' or img.dtype != np.uint8 or img.ndim != 3
                 or img.shape[2] != 3):
-            return super().transform(results)
+            try:
+                return super().transform(results)
+            except OverflowError as error:
+                if not _numpy2():
+                    raise
+                raise RuntimeError(
+                    NUMPY2_HUE.format(version=np.__version__) + f': this image ({img.dtype}, '
+                    f'shape {img.shape}, backend {self.backend!r}) is not the 8-bit RGB that '
+                    "mst_mm's own hue shift takes. Convert the images to 8-bit RGB, use the "
+                    "pillow backend, or install 'numpy<2'.") from error
         order, brightness, contrast, saturation, hue = self._rand_params()
         pil_image = Image.fromarray(np.ascontiguousarray(img[..., ::-1]))
         for index in order:
@@ -100,6 +117,11 @@ class MultiCrop(BaseTransform):
                  backend: str = 'pillow', blur_radius: Sequence[float] = (0.1, 2.0),
                  fast_transforms: bool = True, crops_only: bool = False) -> None:
         check_crop_sizes(global_size, local_size, num_local_crops)
+        if not fast_transforms and _numpy2():
+            raise ValueError(NUMPY2_HUE.format(version=np.__version__) + ': '
+                             'MultiCrop(fast_transforms=False) uses it. Use '
+                             'fast_transforms=True (the same images, bit for bit, with '
+                             "mst_mm's own hue shift), or install 'numpy<2'.")
         self.num_local_crops = num_local_crops
         self.crops_only = crops_only and backend == 'pillow'
         crop_type = 'ContiguousRandomResizedCrop' if fast_transforms else 'RandomResizedCrop'
