@@ -20,7 +20,8 @@ from tests.helpers import DEMO_CONFIG, REPO, load_tool
 KNOWN_SECONDS = dict(
     dino=[1.0, 2.0, 4.0], mask_only=[1.1, 2.0, 4.0], mst=[1.2, 2.2, 4.8],
     without=[0.5, 0.5, 0.5], with_attn=[0.51, 0.5, 0.52], decoder=[0.11, 0.22, 0.33],
-    reference_dino=[1.5, 2.6, 4.0], dino_mode=[1.0, 2.0, 4.0])
+    reference_dino=[1.5, 2.6, 4.0], dino_mode=[1.0, 2.0, 4.0],
+    float32=[1.1, 2.0, 4.2], autocast=[1.0, 2.0, 4.0])
 KNOWN_USAGE = [dict(user=0.9, system=0.2, minor_faults=300),
                dict(user=1.0, system=0.1, minor_faults=100),
                dict(user=3.0, system=0.3, minor_faults=200)]
@@ -374,3 +375,33 @@ def test_dtypes_build_and_time_our_steps_in_each_autocast_dtype(tool, tmp_path, 
     assert set(result['ratio_range_over_repetitions']) == {
         'dino_mode_speed_bfloat16', 'mst_speed_bfloat16', 'mst_over_dino_mode_bfloat16'}
     assert result['peak_memory_gib'] == dict.fromkeys(result['step_seconds'])  # CPU: None
+
+
+def test_prototype_precision_times_the_float32_layer_against_autocast(tool, known_timer,
+                                                                      tmp_path, monkeypatch,
+                                                                      capsys):
+    """Both steps run under CPU bfloat16 autocast, the baseline with the prototype layer's
+    logits in bfloat16; the layer's FLOP share is its 2 B C K per view (forward), three times
+    for the student's views (with the backward), over the counted step."""
+    seen = []
+    build = tool.build_for_training
+
+    def recording_build(*args, **kwargs):
+        model, wrapper = build(*args, **kwargs)
+        model.neck.last_layer.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+        return model, wrapper
+
+    monkeypatch.setattr(tool, 'build_for_training', recording_build)
+    out = tmp_path / 'precision.json'
+    tool.main(['--models', 'tiny', '--batch-size', '2', '--prototype-precision', 'bfloat16',
+               '--out', str(out)])
+    tiny = json.loads(out.read_text())['models']['tiny']
+    # medians 2.0 / 2.0; per repetition 1.1, 1.0, 1.05
+    assert tiny['float32_over_autocast'] == pytest.approx(1.0)
+    assert tiny['float32_over_autocast_range'] == pytest.approx([1.0, 1.1])
+    # The student's logits: the float32 step, the autocast step, the float32 step counted.
+    assert seen == [torch.float32, torch.bfloat16, torch.float32]
+    assert 0 < tiny['prototype_layer_flop_share'] < 0.05
+    assert '| tiny | 2 | bfloat16 |' in capsys.readouterr().out
+    with pytest.raises(ValueError, match='float16 needs --device cuda'):
+        tool.main(['--models', 'tiny', '--prototype-precision', 'float16', '--out', str(out)])

@@ -3,6 +3,9 @@
 Without ``--reference-dino``, per model: (a) the MST step against the DINO baseline of the
 same config and MST with the mask only, (b) the teacher's forward with and without its CLS
 attention, (c) the decoder's share of the MST step.
+With ``--prototype-precision DTYPE``, per model: the MST step under autocast in DTYPE with the
+DINO neck's prototype layer in float32 (mst_mm's) against the same step with that layer left
+to autocast, and the layer's share of the step's operations.
 With ``--reference-dino DIR`` (a facebookresearch/dino clone, imported at run time): DINO's
 ``main_dino.py`` step against our DINO mode and MST on the same crops, with FLOP counts, and
 on a GPU each step's peak memory; ``--dtypes`` times our steps in several autocast dtypes
@@ -90,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
                         'several are timed side by side as steps named dino_mode_DTYPE and '
                         "mst_DTYPE (DINO's step keeps its float16); default: our AMP "
                         "optimiser wrapper's own (float16 on CUDA), steps dino_mode and mst")
+    parser.add_argument('--prototype-precision', choices=('float16', 'bfloat16'), default=None,
+                        help='instead of (a)-(c): the MST step under autocast in this dtype '
+                        "with the DINO neck's prototype layer in float32 against the same "
+                        'step with the layer left to autocast (on the CPU, bfloat16 only)')
     parser.add_argument('--peak-tflops', type=float, default=None,
                         help="with --reference-dino: the device's dense peak in TFLOP/s for "
                         'the precision used (e.g. 989 for an H100 in bf16), to report the '
@@ -266,6 +273,60 @@ def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, wa
 
 
 # ---------------------------------------------------------------- the reference DINO step
+
+def measure_prototype_precision(config: str, batch_size: int, repeats: int, warmup: int,
+                                device: str, dtype: str) -> dict:
+    """The MST step under ``dtype`` autocast with the prototype layer in float32 against the
+    same model's step with it left to autocast (the earlier code), interleaved; and the
+    layer's share of the step's floating-point operations."""
+    import torch.nn.functional as F
+    cfg = Config.fromfile(osp.join(REPO, config))
+    on_gpu = device.startswith('cuda')
+    # On a GPU the AMP wrapper opens the autocast context, as in training; on the CPU the
+    # float32 wrapper runs inside torch's CPU autocast.
+    model, optim_wrapper = build_for_training(cfg, device, amp=on_gpu, dtype=dtype)
+    batch = synthetic_batch(cfg, batch_size, device=device)
+    necks = [model.neck, model.teacher.module[1]]
+
+    def step(float32_prototypes: bool) -> None:
+        for neck in necks:
+            neck.__dict__.pop('_prototypes', None)
+            if not float32_prototypes:
+                neck._prototypes = partial(lambda n, x: n.last_layer(F.normalize(x, dim=-1)),
+                                           neck)
+        with torch.autocast('cpu', dtype=getattr(torch, dtype), enabled=not on_gpu):
+            model.train_step(batch, optim_wrapper)
+
+    try:
+        times, _ = interleaved_times({'float32': partial(step, True),
+                                      'autocast': partial(step, False)},
+                                     repeats, warmup, device)
+        layer = model.neck.last_layer
+        views = len(batch['inputs']) + model.num_global_crops  # the student's and the teacher's
+        layer_flops = 2 * batch_size * layer.in_features * layer.out_features * (
+            3 * len(batch['inputs']) + model.num_global_crops)  # student: forward + backward
+        step_flops = flops_of(partial(step, True))
+    finally:
+        for neck in necks:
+            neck.__dict__.pop('_prototypes', None)
+    ratio, ratio_range = ratio_over_repetitions(times['float32'], times['autocast'])
+    return dict(config=config, batch_size=batch_size, dtype=dtype, views=views,
+                float32=spread(times['float32']), autocast=spread(times['autocast']),
+                float32_over_autocast=ratio, float32_over_autocast_range=ratio_range,
+                prototype_layer_flop_share=layer_flops / step_flops)
+
+
+def print_prototype_precision_table(results: dict) -> None:
+    print(f"\nMST step, {results['device']}: prototype layer in float32 against autocast")
+    print('| model | batch | autocast | step, layer float32 (s) | step, layer autocast (s) '
+          '| float32 / autocast | layer share of the FLOPs |')
+    print('| --- | --- | --- | --- | --- | --- | --- |')
+    for name, r in results['models'].items():
+        low, high = r['float32_over_autocast_range']
+        print(f"| {name} | {r['batch_size']} | {r['dtype']} | {median_range(r['float32'])} | "
+              f"{median_range(r['autocast'])} | {r['float32_over_autocast']:.3f} "
+              f"({low:.3f}-{high:.3f}) | {100 * r['prototype_layer_flop_share']:.2f} % |")
+
 
 def flops_of(fn: Callable[[], None]) -> int:
     """Floating-point operations of one call of ``fn`` (forward and backward), counted, with
@@ -655,6 +716,11 @@ def _run(args: argparse.Namespace, argv: Optional[List[str]]) -> dict:
     amp = args.device.startswith('cuda') if args.amp is None else args.amp
     if amp and not args.device.startswith('cuda'):
         raise ValueError("--amp needs --device cuda: DINO's mixed precision is CUDA-only.")
+    if args.prototype_precision and args.reference_dino:
+        raise ValueError('--prototype-precision and --reference-dino are two different runs.')
+    if args.prototype_precision == 'float16' and not args.device.startswith('cuda'):
+        raise ValueError("--prototype-precision float16 needs --device cuda: the CPU's "
+                         'autocast is bfloat16.')
     if args.dtypes and not (amp and args.reference_dino):
         raise ValueError('--dtypes sets the autocast dtype of our steps against '
                          '--reference-dino: it needs --reference-dino and AMP (--amp, the '
@@ -674,11 +740,16 @@ def _run(args: argparse.Namespace, argv: Optional[List[str]]) -> dict:
             results['models'][name] = compare_with_reference(
                 config, args.reference_dino, batch_size, args.repeats, args.warmup,
                 args.device, amp, args.dtypes)
+        elif args.prototype_precision:
+            results['models'][name] = measure_prototype_precision(
+                config, batch_size, args.repeats, args.warmup, args.device,
+                args.prototype_precision)
         else:
             results['models'][name] = measure_steps(load_variants(config), batch_size,
                                                     args.repeats, args.warmup, args.device)
 
-    (print_reference_table if args.reference_dino else print_cost_table)(results)
+    (print_reference_table if args.reference_dino else print_prototype_precision_table
+     if args.prototype_precision else print_cost_table)(results)
     os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     with open(args.out, 'w') as f:
         json.dump(results, f, indent=2)
