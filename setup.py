@@ -75,11 +75,13 @@ if __name__ == '__main__':
         packages=find_packages(exclude=('configs', 'tools', 'tests')),
         include_package_data=True,
         package_data={'mst_mm': ['.mim/configs/**/*', '.mim/tools/**/*', '.mim/model-index.yml']},
-        python_requires='>=3.8',
-        # Loose on purpose: users bring their own CUDA torch and mmcv build.
-        # The exact, verified pins live in requirements/*.txt.
+        # What CI tests (docs/install.md, "Tested stacks"): Python 3.11; torch 2.1.2 and
+        # 2.13.0; numpy 1.26 and 2.x.
+        python_requires='>=3.11,<3.12',
+        # Ranges, not pins: users bring their own CUDA torch and mmcv build, and nothing
+        # they have in the tested range is changed. The exact pins: requirements/*.txt.
         install_requires=[
-            'torch>=2.0',
+            'torch>=2.1,<2.14',
             'mmcv>=2.0.0,<2.2.0',
             'mmengine>=0.10.0,<1.0.0',
             'mmpretrain>=1.2.0,<1.3.0',

@@ -5,6 +5,15 @@ import pytest
 import torch
 from mmengine.logging import MessageHub
 
+from mst_mm.compat import CPU_BFLOAT16_BACKWARD_CORRUPTS
+
+#: Tests that train under CPU bfloat16 autocast with torch's CPU GradScaler: torch 2.1 has no
+#: CPU GradScaler (2.3), and its CPU attention corrupts memory in the bfloat16 backward.
+cpu_mixed_precision_training = pytest.mark.skipif(
+    CPU_BFLOAT16_BACKWARD_CORRUPTS or not hasattr(torch.amp, 'GradScaler'),
+    reason=f'torch {torch.__version__}: no CPU GradScaler (torch 2.3), or a CPU attention '
+    'kernel that corrupts memory in its bfloat16 backward (torch 2.1; mst_mm.compat)')
+
 TINY_ARCH = dict(embed_dims=32, num_layers=2, num_heads=4, feedforward_channels=64)
 
 TINY_MST = dict(

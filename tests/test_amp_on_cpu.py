@@ -20,10 +20,11 @@ from mmpretrain.registry import MODELS
 
 import mst_mm  # noqa: F401
 from mst_mm.engine import DINOAmpOptimWrapper, DINOOptimWrapper
-from tests.conftest import crops, tiny_mst_cfg
+from tests.conftest import cpu_mixed_precision_training, crops, tiny_mst_cfg
 from tests.helpers import REPO
 
 INIT_SCALE = 2.0**16
+pytestmark = cpu_mixed_precision_training
 
 
 @pytest.fixture

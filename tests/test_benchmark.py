@@ -14,6 +14,7 @@ import pytest
 import torch
 from mmengine.config import Config
 
+from tests.conftest import cpu_mixed_precision_training
 from tests.helpers import DEMO_CONFIG, REPO, load_tool
 
 # seconds of three repetitions; the hand-computed figures below come from these
@@ -341,6 +342,7 @@ def test_reference_table_names_each_steps_autocast_and_peak_memory(tool, capsys)
     assert 'docs/benchmarks.md row' not in printed   # the docs' rows have no --dtypes
 
 
+@cpu_mixed_precision_training
 def test_dtypes_build_and_time_our_steps_in_each_autocast_dtype(tool, tmp_path, monkeypatch):
     """--dtypes on a GPU, here on the CPU: mmengine's AMP wrapper with its GPU assertion
     lifted and torch's CPU GradScaler (as tests/test_amp_on_cpu.py does)."""
@@ -377,6 +379,7 @@ def test_dtypes_build_and_time_our_steps_in_each_autocast_dtype(tool, tmp_path, 
     assert result['peak_memory_gib'] == dict.fromkeys(result['step_seconds'])  # CPU: None
 
 
+@cpu_mixed_precision_training
 def test_prototype_precision_times_the_float32_layer_against_autocast(tool, known_timer,
                                                                       tmp_path, monkeypatch,
                                                                       capsys):

@@ -1,5 +1,6 @@
 """DINOOptimWrapper: DINO's per-parameter clipping and the cancelled gradients of frozen
 parameters, checked against the rules written out by hand."""
+import copy
 import math
 
 import pytest
@@ -7,10 +8,12 @@ import torch
 import torch.nn as nn
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
+from mmpretrain.registry import MODELS
 
 import mst_mm  # noqa: F401
 from mst_mm.engine import AMP_OPTIM_WRAPPERS
-from tests.helpers import REPO, load_tool
+from tests.conftest import tiny_mst_cfg
+from tests.helpers import REPO, load_tool, mmlogger_records
 
 MAX_NORM = 1.0
 
@@ -118,3 +121,44 @@ def test_mst_configs_use_dinos_rules_and_amp_keeps_them(tmp_path):
     assert AMP_OPTIM_WRAPPERS['OptimWrapper'] == 'AmpOptimWrapper'
     with pytest.raises(ValueError, match='no mixed-precision counterpart'):
         train.merge_args(Config(dict(optim_wrapper=dict(type='Custom'))), args)
+
+
+def test_fused_adamw_becomes_foreach_where_this_torch_has_none_with_equal_updates(
+        monkeypatch):
+    """The recipe asks for fused AdamW; on a torch without a fused kernel for the device
+    (the CPU before 2.4) the constructor builds foreach AdamW, and says so. Both give the
+    same update up to float rounding."""
+    from mmengine.registry import init_default_scope
+
+    from mst_mm.compat import fused_supported
+    from mst_mm.engine import optim_constructor
+    init_default_scope('mmpretrain')
+    cfg = Config.fromfile(f'{REPO}/configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py')
+    optim_cfg = dict(cfg.optim_wrapper, mixed_precision=None)
+    assert optim_cfg['optimizer']['fused'] is True
+
+    def build(fused_kernel: bool):
+        monkeypatch.setattr(optim_constructor, 'fused_supported',
+                            lambda optimizer, device: fused_kernel and fused_supported(
+                                optimizer, device))
+        torch.manual_seed(0)
+        model = MODELS.build(tiny_mst_cfg())
+        with mmlogger_records() as records:
+            wrapper = build_optim_wrapper(model, copy.deepcopy(optim_cfg))
+        return model, wrapper, [r.getMessage() for r in records]
+
+    native, native_wrapper, _ = build(True)
+    fallback, fallback_wrapper, messages = build(False)
+    defaults = fallback_wrapper.optimizer.defaults
+    assert defaults['foreach'] is True and not defaults.get('fused')
+    assert any('using foreach=True' in m and 'instead of fused=True' in m for m in messages)
+    if fused_supported(torch.optim.AdamW, torch.device('cpu')):
+        assert native_wrapper.optimizer.defaults['fused'] is True
+    for _ in range(3):
+        for model, wrapper in ((native, native_wrapper), (fallback, fallback_wrapper)):
+            torch.manual_seed(1)
+            for param in model.parameters():
+                param.grad = torch.randn_like(param)
+            wrapper.step()
+    for (name, a), b in zip(native.named_parameters(), fallback.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)

@@ -18,6 +18,7 @@ from mmengine.config import Config
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mst_mm.compat import fused_supported
 from mst_mm.models.heads import DINODistillHead
 from mst_mm.models.utils import FusedCosineEMA
 from tests.helpers import DEMO_CONFIG, REPO, load_tool
@@ -174,8 +175,16 @@ def test_a_training_step_reads_the_device_only_for_the_finite_loss_check(steps,
         model.train_step(batch, optim_wrapper)
     with HostReads() as counter:
         model.train_step(batch, optim_wrapper)
+    reads = counter.reads
+    if not fused_supported(torch.optim.AdamW, torch.device('cpu')):
+        # torch < 2.4 has no fused AdamW for the CPU, and its foreach AdamW reads every
+        # parameter's step count there (inside torch, under mmengine's `step`); on a GPU the
+        # recipe's fused AdamW runs, which reads nothing.
+        optimiser = ('mmengine/optim/optimizer/optimizer_wrapper.py', 'step')
+        assert any(read[1:] == optimiser for read in reads)
+        reads = [read for read in reads if read[1:] != optimiser]
     # `if not torch.isfinite(total)`: the one wanted read, before the update.
-    assert counter.reads == [THE_FINITE_LOSS_CHECK]
+    assert reads == [THE_FINITE_LOSS_CHECK]
     assert optim_wrapper.pop_grad_stats()  # the clipping ran, its statistics unread
 
 

@@ -9,7 +9,7 @@ from mmpretrain.registry import MODELS
 import mst_mm  # noqa: F401
 from mst_mm.engine import DINOAmpOptimWrapper, DINOOptimWrapper
 from mst_mm.engine.mixed_precision import resolve_mixed_precision
-from tests.conftest import tiny_mst_cfg
+from tests.conftest import cpu_mixed_precision_training, tiny_mst_cfg
 from tests.helpers import REPO
 
 WRAPPER = dict(type='DINOOptimWrapper', optimizer=dict(type='AdamW', lr=1e-3))
@@ -112,6 +112,7 @@ def test_the_imagenet_configs_ask_for_mixed_precision_and_build_float32_on_a_cpu
     assert type(wrapper) is DINOOptimWrapper
 
 
+@cpu_mixed_precision_training
 def test_the_bfloat16_choice_builds_and_steps_without_a_loss_scale(monkeypatch):
     from mmengine.optim.optimizer import amp_optimizer_wrapper
     monkeypatch.setattr(amp_optimizer_wrapper, 'is_cuda_available', lambda: True)
@@ -121,3 +122,13 @@ def test_the_bfloat16_choice_builds_and_steps_without_a_loss_scale(monkeypatch):
         WRAPPER, constructor='StudentOptimWrapperConstructor', mixed_precision='bfloat16'))
     assert type(wrapper) is DINOAmpOptimWrapper and wrapper.cast_dtype == torch.bfloat16
     assert not wrapper.loss_scaler.is_enabled()
+
+
+def test_bfloat16_on_the_cpu_is_refused_where_torchs_cpu_attention_corrupts_memory(
+        monkeypatch):
+    from mst_mm.engine import mixed_precision
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(mixed_precision, 'CPU_BFLOAT16_BACKWARD_CORRUPTS', True)
+    with pytest.raises(ValueError, match=r'corrupts memory.*mixed_precision=None.*torch 2.2'):
+        resolve_mixed_precision(dict(WRAPPER, mixed_precision='bfloat16'))
+    assert resolve_mixed_precision(dict(WRAPPER, mixed_precision='auto')) == WRAPPER

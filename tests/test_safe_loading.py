@@ -9,8 +9,9 @@ import torch
 from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.runner import CheckpointLoader
 
-from mst_mm.engine import build_runner, read_checkpoint
-from mst_mm.engine.safe_loading import _history_buffer_method
+from mst_mm.compat import HAS_SAFE_GLOBALS, get_safe_globals
+from mst_mm.engine import build_runner, read_checkpoint, safe_loading
+from mst_mm.engine.safe_loading import _history_buffer_method, unsafe_global
 from mst_mm.errors import CheckpointError
 from tests.helpers import make_image_folder, tiny_runner_cfg
 
@@ -34,15 +35,26 @@ def training_checkpoint(path) -> str:
     return str(path)
 
 
-def test_an_mmengine_checkpoint_loads_and_its_globals_stay_refused_elsewhere(tmp_path):
+@pytest.fixture(params=['safe_globals', 'restricted_unpickler'])
+def loader(request, monkeypatch):
+    """Each test below runs with both ways of loading: torch's weights-only unpickler with
+    the allow-list added for the call (torch >= 2.5), and the restricted unpickler that
+    older torch gets (forced here on a newer torch too)."""
+    if request.param == 'safe_globals' and not HAS_SAFE_GLOBALS:
+        pytest.skip(f'torch {torch.__version__} has no safe_globals')
+    monkeypatch.setattr(safe_loading, 'HAS_SAFE_GLOBALS', request.param == 'safe_globals')
+    return request.param
+
+
+def test_an_mmengine_checkpoint_loads_and_its_globals_stay_refused_elsewhere(tmp_path, loader):
     path = training_checkpoint(tmp_path / 'epoch_1.pth')
-    before = set(map(str, torch.serialization.get_safe_globals()))
+    before = set(map(str, get_safe_globals()))
     loaded = read_checkpoint(path)
     assert loaded['meta']['seed'] == 7 and loaded['meta']['hist'].tolist() == [0, 1, 2]
     buffer = loaded['message_hub']['log_scalars']['train/loss']
     assert isinstance(buffer, HistoryBuffer) and buffer.mean() == 2.0   # (1.5 + 2.5) / 2
     # Nothing was allowed for the process: a plain weights-only load still refuses the file.
-    assert set(map(str, torch.serialization.get_safe_globals())) == before
+    assert set(map(str, get_safe_globals())) == before
     with pytest.raises(pickle.UnpicklingError, match='numpy|HistoryBuffer|getattr'):
         torch.load(path, weights_only=True)
     torch.save({'buffer': HistoryBuffer()}, tmp_path / 'buffer.pth')
@@ -50,20 +62,29 @@ def test_an_mmengine_checkpoint_loads_and_its_globals_stay_refused_elsewhere(tmp
         torch.load(tmp_path / 'buffer.pth', weights_only=True)
 
 
-def test_pickle_that_runs_code_is_refused_and_nothing_runs(tmp_path):
+@pytest.mark.parametrize('save', [dict(), dict(pickle_protocol=4),
+                                  dict(_use_new_zipfile_serialization=False)],
+                         ids=['zip', 'protocol 4', 'legacy format'])
+def test_pickle_that_runs_code_is_refused_and_nothing_runs(tmp_path, loader, save):
     marker = tmp_path / 'executed'
     path = tmp_path / 'evil.pth'
-    torch.save({'state_dict': {}, 'payload': RunsCode(marker)}, path)
-    with pytest.raises(CheckpointError, match=f'Refusing to load {path}: .*posix.system'):
+    torch.save({'state_dict': {}, 'payload': RunsCode(marker)}, path, **save)
+    message = (f'Refusing to load {path}: it names the global posix.system, which no '
+               'checkpoint of ours holds. It could run code hidden in the file')
+    with pytest.raises(CheckpointError, match=message):
         read_checkpoint(str(path), map_location='cpu')
-    # mmengine's own loader is left as it was (torch's weights-only default refuses too).
-    with pytest.raises(pickle.UnpicklingError, match='posix.system'):
-        CheckpointLoader.load_checkpoint(str(path), map_location='cpu')
+    assert unsafe_global(str(path)) == 'posix.system'
+    assert unsafe_global(training_checkpoint(tmp_path / 'fine.pth')) is None
+    # mmengine's own loader is left as it was: where torch loads weights-only by default
+    # (2.6 and later) it refuses too; older torch would run the payload through it.
+    if hasattr(torch.serialization, '_default_to_weights_only'):
+        with pytest.raises(pickle.UnpicklingError):
+            CheckpointLoader.load_checkpoint(str(path), map_location='cpu')
     assert not marker.exists()
 
 
 @pytest.mark.parametrize('resume', [False, True], ids=['load_from', 'resume'])
-def test_runner_refuses_an_unsafe_load_from_or_resume(tmp_path, resume):
+def test_runner_refuses_an_unsafe_load_from_or_resume(tmp_path, resume, loader):
     marker, path = tmp_path / 'executed', tmp_path / 'evil.pth'
     torch.save({'state_dict': {}, 'meta': {}, 'payload': RunsCode(marker)}, path)
     data_root = make_image_folder(tmp_path / 'data', classes=1, per_class=4)
@@ -75,7 +96,7 @@ def test_runner_refuses_an_unsafe_load_from_or_resume(tmp_path, resume):
     assert not marker.exists()
 
 
-def test_a_missing_empty_truncated_or_foreign_file_is_named_with_what_is_wrong(tmp_path):
+def test_a_missing_empty_truncated_or_foreign_file_is_named_with_what_is_wrong(tmp_path, loader):
     with pytest.raises(CheckpointError, match=f'Checkpoint {tmp_path}/none.pth does not exist'):
         read_checkpoint(str(tmp_path / 'none.pth'))
     training_checkpoint(tmp_path / 'full.pth')

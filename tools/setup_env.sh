@@ -7,6 +7,9 @@
 #   bash tools/setup_env.sh --wheelhouse DIR  # everything from DIR alone, no index
 #   bash tools/setup_env.sh --no-torch        # keep the environment's own (CUDA) torch
 #   bash tools/setup_env.sh --venv DIR        # another environment than .venv/
+#   bash tools/setup_env.sh --stack FILE      # FILE's pins replace those of the same packages
+#                                             # (the other stacks that CI tests:
+#                                             # requirements/stacks/*.txt)
 #
 # mmcv comes in two flavours that write the same files (never both at once): `mmcv-lite`, a
 # pure-Python wheel, is enough for the demo, pretraining, k-NN and linear probing; mmdet's
@@ -27,10 +30,11 @@ VENV="$ROOT/.venv"
 WHEELHOUSE="${MST_MM_WHEELHOUSE:-}"
 WANT_OPS=0
 OWN_TORCH=0
+STACK=""
 
 log() { printf '[setup_env] %s\n' "$*" >&2; }
 die() { printf '[setup_env] error: %s\n' "$*" >&2; exit 2; }
-usage() { sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -40,6 +44,8 @@ while [ $# -gt 0 ]; do
     --wheelhouse=*) WHEELHOUSE="${1#*=}" ;;
     --venv) [ $# -ge 2 ] || die "--venv needs a folder"; VENV="$2"; shift ;;
     --venv=*) VENV="${1#*=}" ;;
+    --stack) [ $# -ge 2 ] || die "--stack needs a requirements file"; STACK="$2"; shift ;;
+    --stack=*) STACK="${1#*=}" ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see: bash tools/setup_env.sh --help)" ;;
   esac
@@ -47,6 +53,10 @@ while [ $# -gt 0 ]; do
 done
 
 VENV="$(mkdir -p "$(dirname "$VENV")" && cd "$(dirname "$VENV")" && pwd)/$(basename "$VENV")"
+if [ -n "$STACK" ]; then
+  [ -f "$STACK" ] || die "--stack '$STACK' is not a file (the stacks CI tests: requirements/stacks/)"
+  STACK="$(cd "$(dirname "$STACK")" && pwd)/$(basename "$STACK")"
+fi
 PY="$VENV/bin/python"
 STAMP="$VENV/.mst_mm_stamp"
 CACHE="${MST_MM_WHEEL_CACHE:-$HOME/.cache/mst_mm/wheels}"
@@ -54,7 +64,7 @@ MMCV_VERSION="$(sed -n 's/^mmcv==\([0-9.]*\).*/\1/p' "$ROOT/requirements/mmcv.tx
 [ -n "$MMCV_VERSION" ] || die "requirements/mmcv.txt names no 'mmcv==VERSION' line"
 
 inputs_hash() {
-  cat "$ROOT"/requirements/*.txt "$ROOT/setup.py" "$ROOT/tools/setup_env.sh" \
+  cat "$ROOT"/requirements/*.txt ${STACK:+"$STACK"} "$ROOT/setup.py" "$ROOT/tools/setup_env.sh" \
     | sha256sum | cut -d' ' -f1
 }
 stamp_field() { [ -f "$STAMP" ] && sed -n "s/^$1 //p" "$STAMP" || true; }
@@ -138,21 +148,40 @@ if [ "$FLAVOUR" = ops ] && [ -n "$WHEELHOUSE" ]; then
   [ -n "$MMCV_SPEC" ] || die "wheelhouse '$WHEELHOUSE' has no compiled mmcv-$MMCV_VERSION for $PY_TAG (it was collected with --mmcv lite?): drop --ops for pretraining only, or collect it with --mmcv ops"
 fi
 
-CONSTRAINTS="$(mktemp)"
-trap 'rm -f "$CONSTRAINTS"' EXIT
-CONSTRAINT_FILES=("$ROOT/requirements/build.txt" "$ROOT/requirements/mminstall.txt"
-                  "$ROOT/requirements/runtime.txt")
-[ "$TORCH_MODE" = pinned ] && CONSTRAINT_FILES+=("$ROOT/requirements/torch.txt")
-grep -hv '^\s*#' "${CONSTRAINT_FILES[@]}" | sed '/^\s*$/d' > "$CONSTRAINTS"
+# requirements/*.txt as pip reads them, with --stack's pins in place of the same packages'.
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+pin_names() { sed -n 's/^\s*\([A-Za-z0-9_.-]*\).*/\1/p' "$@" | tr 'A-Z_' 'a-z-' | sort -u; }
+stacked() {  # a requirements file with --stack's line in place of each package it pins
+  local line name
+  grep -v '^\s*#' "$1" | sed '/^\s*$/d' | while IFS= read -r line; do
+    name="$(printf '%s\n' "$line" | pin_names /dev/stdin)"
+    if [ -n "$STACK" ] && pin_names "$STACK" | grep -qx "$name"; then
+      grep -v '^\s*#' "$STACK" | sed '/^\s*$/d' | while IFS= read -r line; do
+        [ "$(printf '%s\n' "$line" | pin_names /dev/stdin)" = "$name" ] && printf '%s\n' "$line"
+      done || true
+    else
+      printf '%s\n' "$line"
+    fi
+  done
+}
+for file in build mminstall runtime torch tests; do
+  stacked "$ROOT/requirements/$file.txt" > "$WORK/$file.txt"
+done
+CONSTRAINTS="$WORK/constraints.txt"
+CONSTRAINT_FILES=("$WORK/build.txt" "$WORK/mminstall.txt" "$WORK/runtime.txt")
+[ "$TORCH_MODE" = pinned ] && CONSTRAINT_FILES+=("$WORK/torch.txt")
+cat "${CONSTRAINT_FILES[@]}" > "$CONSTRAINTS"
 
 log "build tools"
 if [ -z "$WHEELHOUSE" ]; then pip_install -U pip; fi
-pip_install -c "$CONSTRAINTS" -r "$ROOT/requirements/build.txt"
+pip_install -c "$CONSTRAINTS" -r "$WORK/build.txt"
 
 if [ "$TORCH_MODE" = pinned ]; then
   # torch first: anything asking for plain `torch` would otherwise pull the newest CUDA build.
   log "torch + torchvision (registry build, ~5 GB the first time)"
-  pip_install -r "$ROOT/requirements/torch.txt"
+  # --stack's torch, if it pins one, with the stack's constraints (its numpy, say)
+  pip_install -c "$CONSTRAINTS" -r "$WORK/torch.txt"
 else
   "$PY" -c 'import importlib.metadata as md; md.version("torch"); md.version("torchvision")' \
     2>/dev/null || die "--no-torch keeps the environment's own torch, but $PY sees no torch and torchvision: install your build first (e.g. pip install torch torchvision --index-url https://download.pytorch.org/whl/cu121), or drop --no-torch"
@@ -162,7 +191,8 @@ fi
 if [ "$FLAVOUR" = ops ] && [ -z "$WHEELHOUSE" ]; then
   # A compiled wheel fits one torch build: the pinned torch's wheels sit in the cache
   # itself, those for an environment's own torch in a folder named after that torch.
-  if [ "$TORCH_MODE" = own ]; then
+  TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')"
+  if [ "$TORCH_MODE" = own ] || ! grep -q "^torch===$TORCH_VERSION\$" "$ROOT/requirements/torch.txt"; then
     CACHE="$CACHE/torch-$("$PY" -c 'import torch; print(torch.__version__)')"
   fi
   mkdir -p "$CACHE"
@@ -189,14 +219,13 @@ esac
 
 log "OpenMMLab stack with mmcv $FLAVOUR"
 pip_install -c "$CONSTRAINTS" "$MMCV_SPEC" \
-  -r "$ROOT/requirements/mminstall.txt" -r "$ROOT/requirements/runtime.txt" \
-  -r "$ROOT/requirements/tests.txt"
+  -r "$WORK/mminstall.txt" -r "$WORK/runtime.txt" -r "$WORK/tests.txt"
 log "mst_mm (editable)"
 pip_install -c "$CONSTRAINTS" --no-build-isolation --no-deps -e "$ROOT"
 
 CHECK_ARGS=()
 [ "$FLAVOUR" = ops ] && CHECK_ARGS+=(--ops)
-[ "$TORCH_MODE" = pinned ] && CHECK_ARGS+=(--pinned-torch)
+[ "$TORCH_MODE" = pinned ] && [ -z "$STACK" ] && CHECK_ARGS+=(--pinned-torch)
 # Run from outside the checkout, so that mst_mm is imported through the install.
 (cd "$VENV" && OMP_NUM_THREADS=1 "$PY" "$ROOT/tools/stack_check.py" "${CHECK_ARGS[@]}")
 

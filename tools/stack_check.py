@@ -65,9 +65,6 @@ def _check_versions(pinned_torch: bool) -> str:
     import torch
     import torchvision
 
-    if int(numpy.__version__.split('.')[0]) >= 2:
-        raise StackError(f'numpy {numpy.__version__}: numpy 2 breaks mmcv colour jitter; '
-                         'install "numpy<2" into this environment')
     if int(setuptools.__version__.split('.')[0]) >= 82:
         raise StackError(f'setuptools {setuptools.__version__} has no pkg_resources, which '
                          'mmengine needs for mmdet::/mmseg:: configs; install "setuptools<82"')

@@ -9,6 +9,7 @@ from typing import Tuple
 import torch
 from mmengine.logging import print_log
 
+from ..compat import CPU_BFLOAT16_BACKWARD_CORRUPTS
 from .optimizers import AMP_OPTIM_WRAPPERS
 
 MIXED_PRECISION = ('auto', 'bfloat16', 'float16', None)
@@ -52,6 +53,11 @@ def resolve_mixed_precision(optim_wrapper_cfg: dict) -> dict:
         raise ValueError(f'optim_wrapper.mixed_precision={choice!r} needs a wrapper with a '
                          f'mixed-precision counterpart, one of {sorted(AMP_OPTIM_WRAPPERS)}; '
                          f'got {wrapper!r}.')
+    if not on_gpu and choice == 'bfloat16' and CPU_BFLOAT16_BACKWARD_CORRUPTS:
+        raise ValueError(f'optim_wrapper.mixed_precision={choice!r} without a GPU: torch '
+                         f"{torch.__version__}'s CPU attention kernel corrupts memory in the "
+                         'bfloat16 backward. Train on the CPU in float32 '
+                         '(optim_wrapper.mixed_precision=None), or use torch 2.2 or later.')
     # bfloat16 has float32's range: a loss scaler would only add a host read per step.
     loss_scale = dict(enabled=False) if choice == 'bfloat16' else 'dynamic'
     cfg.update(type=AMP_OPTIM_WRAPPERS[wrapper], dtype=choice, loss_scale=loss_scale)

@@ -2,6 +2,7 @@
 import logging
 from typing import List, Optional, Union
 
+import torch
 from mmengine.logging import print_log
 from mmengine.model import BaseAveragedModel
 from mmengine.optim import DefaultOptimWrapperConstructor, OptimWrapper
@@ -9,6 +10,7 @@ from mmpretrain.registry import OPTIM_WRAPPER_CONSTRUCTORS
 from torch import nn
 from torch.optim import Optimizer
 
+from ..compat import fused_supported
 from .mixed_precision import resolve_mixed_precision
 
 # The wrappers that apply DINO's gradient rules, by the type a config or --amp names.
@@ -46,6 +48,7 @@ class StudentOptimWrapperConstructor(DefaultOptimWrapperConstructor):
         super().__init__(optim_wrapper_cfg, paramwise_cfg)
 
     def __call__(self, model: nn.Module) -> OptimWrapper:
+        self.optimizer_cfg = _fused_where_supported(self.optimizer_cfg, model)
         optim_wrapper = super().__call__(model)
         optimizer = optim_wrapper.optimizer
         groups = [dict(group) for group in optimizer.param_groups]  # traceable settings
@@ -59,6 +62,21 @@ class StudentOptimWrapperConstructor(DefaultOptimWrapperConstructor):
                    is_dcn_module: Optional[Union[int, float]] = None) -> None:
         if not isinstance(module, BaseAveragedModel):  # it follows by its own update rule
             super().add_params(params, module, prefix, is_dcn_module)
+
+
+def _fused_where_supported(optimizer_cfg: dict, model: nn.Module) -> dict:
+    """``optimizer_cfg`` with ``fused=True`` swapped for ``foreach=True`` where this torch has
+    no fused kernel for the model's device (AdamW on the CPU before torch 2.4): the same
+    update up to float rounding, a multi-tensor loop instead of one kernel."""
+    optimizer = getattr(torch.optim, str(optimizer_cfg.get('type')), None)
+    param = next(model.parameters(), None)
+    if (not optimizer_cfg.get('fused') or optimizer is None or param is None
+            or fused_supported(optimizer, param.device)):
+        return optimizer_cfg
+    print_log(f'torch {torch.__version__} has no fused {optimizer.__name__} for parameters on '
+              f'{param.device.type}: using foreach=True (the same update, up to float '
+              'rounding) instead of fused=True.', logger='current', level=logging.INFO)
+    return {**{k: v for k, v in optimizer_cfg.items() if k != 'fused'}, 'foreach': True}
 
 
 def merge_param_groups(groups: List[dict]) -> List[dict]:

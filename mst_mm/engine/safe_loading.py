@@ -1,10 +1,17 @@
-"""Weights-only checkpoint loads (mmengine's globals allowed for ours only), checked for fit."""
+"""Weights-only checkpoint loads (mmengine's globals allowed for ours only, on every supported
+torch), checked for fit."""
+import _compat_pickle
+import codecs
+import io
 import logging
 import os.path as osp
 import pickle
+import pickletools
 import re
+import types
 import zipfile
 from collections import Counter, OrderedDict
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -18,6 +25,7 @@ from mmengine.runner import CheckpointLoader, Runner
 from mmpretrain.registry import RUNNERS
 from mmpretrain.utils import get_ori_model
 
+from mst_mm.compat import HAS_SAFE_GLOBALS, get_safe_globals
 from mst_mm.errors import CheckpointError
 
 __all__ = ['CheckedPretrainedInit', 'CheckedRunner', 'build_runner', 'check_training_checkpoint',
@@ -43,37 +51,170 @@ def _mmengine_globals() -> List[Any]:
               for name, function in rebuilders]]
 
 
-def read_checkpoint(filename: str, map_location: Any = None, mmap: bool = False) -> Any:
-    """Weights-only ``torch.load``, mmengine's globals allowed in this call only; URLs: mmengine."""
-    already = torch.serialization.get_safe_globals()  # left as they are on the way out
-    with torch.serialization.safe_globals([g for g in _mmengine_globals() if g not in already]):
-        if '://' in filename:
-            return CheckpointLoader.load_checkpoint(filename, map_location=map_location)
-        filename = osp.expanduser(filename)
-        if not osp.isfile(filename):
-            raise CheckpointError(f'Checkpoint {filename} does not exist.')
+def _allowed_globals(extra: Sequence[Any] = ()) -> Dict[str, Any]:
+    """``'module.name'`` -> object of every global a checkpoint may name: torch's own
+    weights-only defaults, mmengine's (:func:`_mmengine_globals`) and ``extra``."""
+    from torch._weights_only_unpickler import _get_allowed_globals
+    # protocol 2 pickles bytes (numpy arrays' data) as _codecs.encode calls: torch's own
+    # defaults allow it since 2.4 (with safe_globals); torch 2.1's list lacks it.
+    allowed = {'_codecs.encode': codecs.encode, **_get_allowed_globals()}
+    for entry in [*_mmengine_globals(), *extra]:
+        obj, name = entry if isinstance(entry, tuple) else (
+            entry, f'{entry.__module__}.{entry.__qualname__}')
+        allowed[name] = obj
+    return allowed
+
+
+class UnsafeGlobalError(pickle.UnpicklingError):
+    """A checkpoint's pickle names a global outside the allow-list: loading it could run
+    code. ``name`` is the global's ``'module.name'``."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f'it names the global {name}, which no checkpoint of ours holds')
+        self.name = name
+
+
+def _restricted_pickle(allowed: Dict[str, Any]) -> types.ModuleType:
+    """A ``pickle_module`` for ``torch.load`` whose unpickler finds only ``allowed``'s globals:
+    weights-only loading with an allow-list on a torch without ``safe_globals`` (< 2.5).
+    torch's own loader keeps its handling of storages and tensors around it."""
+    class AllowListUnpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            full_name = _python3_name(module, name)
+            try:
+                return allowed[full_name]
+            except KeyError:
+                raise UnsafeGlobalError(full_name) from None
+
+    def load(file, **kwargs) -> Any:
+        return AllowListUnpickler(file, **kwargs).load()
+
+    restricted = types.ModuleType('mst_mm_allow_list_pickle')
+    restricted.Unpickler, restricted.load = AllowListUnpickler, load
+    restricted.UnpicklingError = pickle.UnpicklingError
+    return restricted
+
+
+def _python3_name(module: str, name: str) -> str:
+    """``'module.name'`` as Python 3's unpickler resolves it: pickles of protocol 2 (torch.save's
+    default) name Python 2's modules (``__builtin__.getattr``), which no later one can."""
+    module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+    return f'{_compat_pickle.IMPORT_MAPPING.get(module, module)}.{name}'
+
+
+def unsafe_global(filename: str, extra: Sequence[Any] = ()) -> Optional[str]:
+    """The first global that ``filename``'s pickle names outside the allow-list of
+    :func:`read_checkpoint`, found by reading the pickle's opcodes (nothing is loaded or run),
+    or None (none, or not a pickle that can be read). How a refusal is recognised on every
+    torch, whatever its error message says."""
+    allowed = _allowed_globals(extra)
+    try:
+        if zipfile.is_zipfile(filename):
+            with zipfile.ZipFile(filename) as archive:
+                name = next(n for n in archive.namelist() if n.endswith('data.pkl'))
+                data = archive.read(name)
+        else:  # torch's legacy format: a few pickles in a row, then raw storages
+            with open(filename, 'rb') as f:
+                data = f.read()
+        for name in _pickled_globals(data):
+            if name not in allowed:
+                return name
+    except Exception:  # not a pickle we can read: no refusal to report
+        return None
+    return None
+
+
+_STRING_OPS = {'SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8', 'UNICODE', 'SHORT_BINSTRING',
+               'BINSTRING', 'STRING'}
+_MEMO_PUTS = {'PUT', 'BINPUT', 'LONG_BINPUT'}
+_MEMO_GETS = {'GET', 'BINGET', 'LONG_BINGET'}
+
+
+def _pickled_globals(data: bytes) -> List[str]:
+    """``'module.name'`` of each global that the pickles at the start of ``data`` name
+    (``GLOBAL`` and ``INST`` carry it; ``STACK_GLOBAL`` takes the two strings pushed before
+    it), up to the first bytes that are no pickle."""
+    names: List[str] = []
+    stream = io.BytesIO(data)
+    while stream.tell() < len(data):
+        pushed: List[Optional[str]] = []   # the values pushed, strings only (else None)
+        memo: Dict[int, Optional[str]] = {}
         try:
-            return torch.load(filename, map_location=map_location, weights_only=True,
-                              mmap=mmap and zipfile.is_zipfile(filename))
-        except Exception as error:  # a foreign file makes torch.load raise anything
-            # First sentences only: torch's messages go on with generic advice.
-            lines = [line.strip().split('. ')[0].rstrip('.') for line in str(error).splitlines()
-                     if line.strip()] or ['']
-            refused = next((line for line in lines if 'GLOBAL' in line), None)
-            if isinstance(error, pickle.UnpicklingError) and refused:
-                raise CheckpointError(f'Refusing to load {filename}: {refused}. It could run code'
-                                      ' hidden in the file: use a checkpoint you trust.') from None
-            reason = next((line for line in lines if 'WeightsUnpickler error' in line), lines[0])
-            size = osp.getsize(filename)
-            # torch.save's zip archive has its directory last: a kill or a full disk loses it.
-            why = ('the file is empty (0 bytes)' if size == 0 else
-                   f'the file is truncated ({size} bytes, the end of its zip archive is missing):'
-                   ' the save that wrote it was probably interrupted' if 'zip archive' in reason
-                   and not zipfile.is_zipfile(filename) else
-                   f'it is not a PyTorch checkpoint, or it is corrupted ({size} bytes)')
-            raise CheckpointError(f'Cannot read checkpoint {filename}: {why} '
-                                  f'({type(error).__name__}: {reason}). Use another checkpoint '
-                                  '(an earlier epoch_N.pth or a fresh copy).') from None
+            for opcode, arg, _ in pickletools.genops(stream):
+                op = opcode.name
+                if op in ('GLOBAL', 'INST'):
+                    names.append(_python3_name(*arg.split(' ', 1)))
+                elif op == 'STACK_GLOBAL':
+                    names.append(_python3_name(*map(str, (pushed[-2:] + [''] * 2)[:2])))
+                if op in _STRING_OPS:
+                    pushed.append(arg)
+                elif op in _MEMO_GETS:
+                    pushed.append(memo.get(arg))
+                elif op in _MEMO_PUTS or op == 'MEMOIZE':
+                    memo[len(memo) if op == 'MEMOIZE' else arg] = pushed[-1] if pushed else None
+                elif op == 'STOP':
+                    break
+                else:
+                    pushed.append(None)
+        except ValueError:  # raw bytes (the legacy format's storages) or a broken pickle
+            break
+    return names
+
+
+def read_checkpoint(filename: str, map_location: Any = None, mmap: bool = False,
+                    allow: Sequence[Any] = ()) -> Any:
+    """Weights-only ``torch.load`` with mmengine's globals (and ``allow``'s) allowed in this
+    call only; URLs: mmengine. A pickle that names any other global is refused, naming it.
+
+    On a torch with ``safe_globals`` (2.5 and later) torch's weights-only unpickler reads the
+    file with the allow-list added for this call; on an older torch a restricted unpickler
+    that finds exactly the same globals does. Nothing changes for the rest of the process.
+    """
+    if '://' in filename:
+        with _allow_for_this_load(allow):
+            return CheckpointLoader.load_checkpoint(filename, map_location=map_location)
+    filename = osp.expanduser(filename)
+    if not osp.isfile(filename):
+        raise CheckpointError(f'Checkpoint {filename} does not exist.')
+    mmap = mmap and zipfile.is_zipfile(filename)
+    try:
+        if HAS_SAFE_GLOBALS:
+            with _allow_for_this_load(allow):
+                return torch.load(filename, map_location=map_location, weights_only=True,
+                                  mmap=mmap)
+        return torch.load(filename, map_location=map_location, weights_only=False, mmap=mmap,
+                          pickle_module=_restricted_pickle(_allowed_globals(allow)))
+    except Exception as error:  # a foreign file makes torch.load raise anything
+        refused = (error.name if isinstance(error, UnsafeGlobalError)
+                   else unsafe_global(filename, allow))
+        if refused is not None:
+            raise CheckpointError(f'Refusing to load {filename}: it names the global '
+                                  f'{refused}, which no checkpoint of ours holds. It could run '
+                                  'code hidden in the file: use a checkpoint you trust.') from None
+        # First sentences only: torch's messages go on with generic advice.
+        lines = [line.strip().split('. ')[0].rstrip('.') for line in str(error).splitlines()
+                 if line.strip()] or ['']
+        reason = next((line for line in lines if 'WeightsUnpickler error' in line), lines[0])
+        size = osp.getsize(filename)
+        # torch.save's zip archive has its directory last: a kill or a full disk loses it.
+        why = ('the file is empty (0 bytes)' if size == 0 else
+               f'the file is truncated ({size} bytes, the end of its zip archive is missing):'
+               ' the save that wrote it was probably interrupted' if 'zip archive' in reason
+               and not zipfile.is_zipfile(filename) else
+               f'it is not a PyTorch checkpoint, or it is corrupted ({size} bytes)')
+        raise CheckpointError(f'Cannot read checkpoint {filename}: {why} '
+                              f'({type(error).__name__}: {reason}). Use another checkpoint '
+                              '(an earlier epoch_N.pth or a fresh copy).') from None
+
+
+def _allow_for_this_load(allow: Sequence[Any] = ()) -> AbstractContextManager:
+    """torch's ``safe_globals`` with mmengine's globals and ``allow``'s that torch does not
+    hold already (left as they are on the way out); nothing where torch has none."""
+    if not HAS_SAFE_GLOBALS:
+        return nullcontext()
+    already = get_safe_globals()
+    return torch.serialization.safe_globals(
+        [g for g in [*_mmengine_globals(), *allow] if g not in already])
 
 
 def check_training_checkpoint(filename: str) -> None:

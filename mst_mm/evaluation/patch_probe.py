@@ -171,7 +171,8 @@ def train_patch_probe(feats: torch.Tensor, labels: torch.Tensor, num_classes: in
     generator = torch.Generator().manual_seed(seed)
     probe = PatchProbe(x.shape[1], num_classes)
     with torch.no_grad():
-        nn.init.normal_(probe.linear.weight, std=0.01, generator=generator)
+        # nn.init.normal_'s own call; its generator= argument needs torch 2.2
+        probe.linear.weight.normal_(0.0, 0.01, generator=generator)
         nn.init.zeros_(probe.linear.bias)
         if normalize == 'standardize':
             probe.mean.copy_(x.mean(0))

@@ -76,6 +76,8 @@ def supervised_config(pretrain_cfg: Config, data_root_objects: str, work_dir: st
                           dict(type='PackInputs')])),
         optim_wrapper=dict(
             type='OptimWrapper', clip_grad=dict(max_norm=5.0),
+            # ours: foreach where this torch has no fused AdamW for the device (CPU, < 2.4)
+            constructor='StudentOptimWrapperConstructor',
             optimizer=dict(type='AdamW', lr=LR, betas=(0.9, 0.999), weight_decay=WEIGHT_DECAY,
                            fused=True),
             paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0, custom_keys={

@@ -103,8 +103,7 @@ def read_dino_checkpoint(filename: str) -> DINOWeights:
     from mst_mm.engine.safe_loading import read_checkpoint  # models/ does not import engine/
     # main_dino.py saves its command line (`args`, an argparse.Namespace of plain values)
     # in every full checkpoint: allowed for this read only, as mmengine's globals are.
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        loaded = read_checkpoint(filename, map_location='cpu')
+    loaded = read_checkpoint(filename, map_location='cpu', allow=[argparse.Namespace])
     if not isinstance(loaded, dict):
         raise CheckpointError(f'{filename} holds a {type(loaded).__name__}, not a checkpoint '
                               'dict: expected a DINO checkpoint or a timm ViT state dict.')

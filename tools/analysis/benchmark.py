@@ -40,6 +40,7 @@ from mmengine.config import Config
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, REPO)
+from mst_mm.compat import grad_scaler, math_attention  # noqa: E402
 from mst_mm.models import DINO_MODE  # noqa: E402
 
 # name: (pretraining config, default batch size per step on CPU)
@@ -331,10 +332,9 @@ def print_prototype_precision_table(results: dict) -> None:
 def flops_of(fn: Callable[[], None]) -> int:
     """Floating-point operations of one call of ``fn`` (forward and backward), counted, with
     attention on the math backend: torch's counter counts the CPU's fused kernel as zero."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
     counter = FlopCounterMode(display=False)
-    with sdpa_kernel(SDPBackend.MATH), counter:
+    with math_attention(), counter:
         fn()
     return counter.get_total_flops()
 
@@ -424,7 +424,7 @@ class ReferenceDINOStep:
         self.clip_grad = (cfg.optim_wrapper.get('clip_grad') or {}).get('max_norm', 0.)
         self.momentum = 1 - cfg.model.get('base_momentum', 0.004)  # DINO's convention
         self.utils, self.device, self.amp = utils, device, amp
-        self.scaler = torch.amp.GradScaler('cuda') if amp else None
+        self.scaler = grad_scaler('cuda') if amp else None
 
     def state(self) -> Tuple[List[torch.nn.Module], List[torch.optim.Optimizer]]:
         """What this step keeps between calls: its modules and its optimiser."""

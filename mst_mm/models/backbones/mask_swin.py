@@ -8,6 +8,7 @@ from mmpretrain.models import SwinTransformer
 from mmpretrain.models.utils import resize_pos_embed
 from mmpretrain.registry import MODELS
 
+from ..utils.precision import at_least_float32, float32_region
 from .mask_token import MaskTokenMixin
 from .mask_vit import MSTFeatures
 
@@ -45,8 +46,8 @@ def pooled_query_attention(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     w_msa = block.attn.w_msa
     batch, tokens, channels = x.shape
     heads = w_msa.num_heads
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        x = x.float()
+    with float32_region(x.device):
+        x = at_least_float32(x)
         normed = block.norm1(torch.cat([x.mean(dim=1, keepdim=True), x], dim=1))
         qkv = w_msa.qkv(normed).reshape(batch, tokens + 1, 3, heads, channels // heads)
         query = qkv[:, :1, 0].transpose(1, 2)          # (B, heads, 1, d)
@@ -71,8 +72,8 @@ def pooled_similarity(tokens: torch.Tensor) -> torch.Tensor:
     Returns:
         Tensor: (B, N), in [-1, 1], float32 whatever the autocast context.
     """
-    with torch.autocast(device_type=tokens.device.type, enabled=False):
-        tokens = tokens.float()
+    with float32_region(tokens.device):
+        tokens = at_least_float32(tokens)
         return F.cosine_similarity(tokens, tokens.mean(dim=1, keepdim=True), dim=-1)
 
 

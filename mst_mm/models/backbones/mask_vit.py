@@ -10,6 +10,7 @@ from mmpretrain.models import VisionTransformer
 from mmpretrain.models.utils import resize_pos_embed
 from mmpretrain.registry import MODELS
 
+from ..utils.precision import at_least_float32, float32_region
 from .mask_token import MaskTokenMixin
 
 
@@ -62,11 +63,9 @@ def encoder_layer_with_cls_attention(layer: nn.Module, x: torch.Tensor, cls_only
     # The guidance ranks the patches for the mask: with it, the projections and the scores
     # run in float32 whatever the autocast context (in bfloat16 the ranking would compare
     # 8-bit scores). Only the attention output below is left to autocast.
-    precision = (torch.autocast(device_type=h.device.type, enabled=False) if with_attn
-                 else nullcontext())
-    with precision:
+    with float32_region(h.device) if with_attn else nullcontext():
         if with_attn:
-            h = h.float()
+            h = at_least_float32(h)
         if cls_only:
             if attn.v_shortcut:
                 raise ValueError('cls_only needs a layer without v_shortcut (whose output '

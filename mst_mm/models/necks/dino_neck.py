@@ -11,6 +11,8 @@ from mmpretrain.registry import MODELS
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.utils.parametrizations import weight_norm
 
+from ..utils.precision import at_least_float32, float32_region
+
 
 @contextmanager
 def frozen_bn_statistics(module: nn.Module) -> Iterator[None]:
@@ -117,8 +119,8 @@ class DINONeck(BaseModule):
         autocast context: the teacher's logits are divided by 0.04 and sharpened, and a
         logit rounded to bfloat16's 8 bits of mantissa would move its probability by up to
         a factor exp(|logit| 2**-8 / 0.04)."""
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            return self.last_layer(F.normalize(x.float(), dim=-1, p=2))
+        with float32_region(x.device):
+            return self.last_layer(F.normalize(at_least_float32(x), dim=-1, p=2))
 
     def forward_crops(self, global_feat: torch.Tensor,
                       local_feats: List[torch.Tensor]) -> torch.Tensor:

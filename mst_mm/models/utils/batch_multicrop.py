@@ -24,6 +24,8 @@ import torch
 from mmpretrain.models import SelfSupDataPreprocessor
 from mmpretrain.registry import MODELS, TRANSFORMS
 
+from .precision import float32_region
+
 # PIL's RGB -> L conversion in 16-bit fixed point, rounded (Convert.c, L24), for B, G, R.
 # In float32 it is exact: every partial sum of whole grey levels stays below 2**24.
 _L24_BGR = (7471.0, 38470.0, 19595.0)
@@ -416,7 +418,7 @@ class MultiCropDataPreprocessor(SelfSupDataPreprocessor):
                             f"(collate_fn=dict(type='default_collate')), got {type(data)}.")
         # With pinned loader memory (pin_memory=True) the copies overlap the queued work.
         data = self.cast_data(data)
-        with torch.autocast(device_type=self.device.type, enabled=False):
+        with float32_region(self.device):
             inputs = self.multi_crop(data['inputs']) if training else data['inputs']
             inputs = (self._normalise(inputs) if isinstance(inputs, torch.Tensor)
                       else [self._normalise(view) for view in inputs])
