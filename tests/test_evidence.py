@@ -328,3 +328,14 @@ def test_the_readme_states_the_committed_50_epoch_run_digit_for_digit(evidence):
     # Every start has both targets' numbers, fine-tuned and frozen: no cell is left out.
     assert ' - |' not in transfer
     assert 'docs/results/evidence_50e/evidence.png' in readme
+
+
+def test_the_docs_state_the_three_seeds_of_the_quick_start_digit_for_digit(evidence):
+    """docs/results/quick_start_3_seeds/summary.json is Quick-start command 1 with --seeds 3
+    on the current views: docs/evidence.md shows its table as the tool renders it."""
+    from tests.helpers import REPO
+    summary = json.loads((REPO / 'docs/results/quick_start_3_seeds/summary.json').read_text())
+    seeds = {v: len(summary['knn_top1'][v]) for v in ('dino', 'mst_guided_mask')}
+    assert seeds == {'dino': 3, 'mst_guided_mask': 3}
+    docs = (REPO / 'docs/evidence.md').read_text()
+    assert_table_rows_in(evidence.format_table(summary, seeds), docs, 1 + 5)

@@ -201,7 +201,9 @@ if [ "$FLAVOUR" = ops ] && [ -z "$WHEELHOUSE" ]; then
     log "building mmcv $MMCV_VERSION with ops (about 7 minutes on 2 cores; cached in $CACHE)"
     BUILD_DIR="$(mktemp -d)"
     MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" CFLAGS=-g0 \
-      "$PY" -m pip wheel --disable-pip-version-check -q --no-build-isolation --no-deps \
+      # --no-cache-dir: pip's own wheel cache keys a build by the sdist alone, and would
+      # hand back a wheel compiled against another torch.
+      "$PY" -m pip wheel --disable-pip-version-check -q --no-cache-dir --no-build-isolation --no-deps \
       "mmcv==$MMCV_VERSION" -w "$BUILD_DIR"
     mv "$BUILD_DIR"/mmcv-*.whl "$CACHE"/
     rm -rf "$BUILD_DIR"
