@@ -290,6 +290,9 @@ def test_published_speed_figures_are_the_committed_runs_as_the_tool_renders_them
         for name, result in results['models'].items():
             if 'step_ratio' in result:   # the cost of MST over DINO, piece by piece
                 assert tool.cost_row(results, name) in doc
+            elif 'float32_over_autocast' in result:   # --prototype-precision
+                row = tool.prototype_row(results, name)
+                assert f'| [{run.stem}](results/benchmarks/{run.stem}.json) {row}' in doc
             else:
                 row = tool.reference_summary_row(results, name)
                 assert f'| [{run.stem}](results/benchmarks/{run.stem}.json) {row}' in doc
@@ -406,5 +409,6 @@ def test_prototype_precision_times_the_float32_layer_against_autocast(tool, know
     assert seen == [torch.float32, torch.bfloat16, torch.float32]
     assert 0 < tiny['prototype_layer_flop_share'] < 0.05
     assert '| tiny | 2 | bfloat16 |' in capsys.readouterr().out
+    assert tool.prototype_row(json.loads(out.read_text()), 'tiny').startswith('| tiny | 2 |')
     with pytest.raises(ValueError, match='float16 needs --device cuda'):
         tool.main(['--models', 'tiny', '--prototype-precision', 'float16', '--out', str(out)])

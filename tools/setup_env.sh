@@ -207,11 +207,13 @@ if [ "$FLAVOUR" = ops ] && [ -z "$WHEELHOUSE" ]; then
       "mmcv==$MMCV_VERSION" -w "$BUILD_DIR"
     mv "$BUILD_DIR"/mmcv-*.whl "$CACHE"/
     rm -rf "$BUILD_DIR"
+    FRESH_MMCV=1  # a compiled mmcv already installed here may fit another torch: replace it
     MMCV_SPEC="$(compiled_mmcv_in "$CACHE")"
   fi
 fi
 
 # mmcv: remove the other flavour (and any half state) once the wanted one is at hand.
+[ "${FRESH_MMCV:-0}" = 1 ] && [ "$INSTALLED_MMCV" = ops ] && INSTALLED_MMCV=stale
 case "$FLAVOUR:$INSTALLED_MMCV" in
   ops:ops|lite:lite) ;;
   *:none) ;;

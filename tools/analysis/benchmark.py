@@ -317,16 +317,25 @@ def measure_prototype_precision(config: str, batch_size: int, repeats: int, warm
                 prototype_layer_flop_share=layer_flops / step_flops)
 
 
+PROTOTYPE_HEADER = ('| run | model | batch | autocast | step, layer float32 (s) | step, layer '
+                    'autocast (s) | float32 / autocast | layer share of the FLOPs |')
+
+
+def prototype_row(results: dict, name: str) -> str:
+    """One model's row of the prototype-precision table, without its run column."""
+    r = results['models'][name]
+    low, high = r['float32_over_autocast_range']
+    return (f"| {name} | {r['batch_size']} | {r['dtype']} | {median_range(r['float32'])} | "
+            f"{median_range(r['autocast'])} | {r['float32_over_autocast']:.3f} "
+            f"({low:.3f}-{high:.3f}) | {100 * r['prototype_layer_flop_share']:.2f} % |")
+
+
 def print_prototype_precision_table(results: dict) -> None:
     print(f"\nMST step, {results['device']}: prototype layer in float32 against autocast")
-    print('| model | batch | autocast | step, layer float32 (s) | step, layer autocast (s) '
-          '| float32 / autocast | layer share of the FLOPs |')
-    print('| --- | --- | --- | --- | --- | --- | --- |')
-    for name, r in results['models'].items():
-        low, high = r['float32_over_autocast_range']
-        print(f"| {name} | {r['batch_size']} | {r['dtype']} | {median_range(r['float32'])} | "
-              f"{median_range(r['autocast'])} | {r['float32_over_autocast']:.3f} "
-              f"({low:.3f}-{high:.3f}) | {100 * r['prototype_layer_flop_share']:.2f} % |")
+    print(PROTOTYPE_HEADER)
+    print('| --- ' * PROTOTYPE_HEADER.count('|', 1) + '|')
+    for name in results['models']:
+        print(f"| {results['commit']} {prototype_row(results, name)}")
 
 
 def flops_of(fn: Callable[[], None]) -> int:
