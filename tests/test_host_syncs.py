@@ -42,6 +42,18 @@ THE_FINITE_LOSS_CHECK = ('aten._local_scalar_dense', 'mst_mm/models/algorithms/m
                          'parse_losses')
 
 
+def _where(frame, counter: type) -> Tuple[str, str]:
+    """``(file, function)`` of the innermost frame outside torch and ``counter``'s own code:
+    the repository's path, or a package's below site-packages."""
+    while (frame.f_code.co_filename.startswith(TORCH_DIR)
+           or frame.f_code.co_qualname.startswith(counter.__name__ + '.')):
+        frame = frame.f_back
+    path = frame.f_code.co_filename
+    for root in (str(REPO) + os.sep, os.sep + 'site-packages' + os.sep):
+        path = path.split(root, 1)[-1]
+    return path, frame.f_code.co_name
+
+
 class HostReads:
     """Context manager that records ``(operation, file, function)`` of every host read of
     tensor values in its block: ``file`` and ``function`` are the innermost Python frame
@@ -85,14 +97,7 @@ class HostReads:
         return False
 
     def _record(self, name: str) -> None:
-        frame = sys._getframe(1)
-        while (frame.f_code.co_filename.startswith(TORCH_DIR)
-               or frame.f_code.co_qualname.startswith(HostReads.__name__ + '.')):
-            frame = frame.f_back
-        path = frame.f_code.co_filename
-        for root in (str(REPO) + os.sep, os.sep + 'site-packages' + os.sep):
-            path = path.split(root, 1)[-1]
-        self.reads.append((name, path, frame.f_code.co_name))
+        self.reads.append((name, *_where(sys._getframe(1), HostReads)))
 
     def __enter__(self) -> 'HostReads':
         for mode in self._modes:
@@ -256,13 +261,7 @@ class PythonDataTensors:
         self._mode = Functions()
 
     def _record(self, what: str) -> None:
-        frame = sys._getframe(2)
-        while frame.f_code.co_filename.startswith(TORCH_DIR):
-            frame = frame.f_back
-        path = frame.f_code.co_filename
-        for root in (str(REPO) + os.sep, os.sep + 'site-packages' + os.sep):
-            path = path.split(root, 1)[-1]
-        self.made.append((what, path, frame.f_code.co_name))
+        self.made.append((what, *_where(sys._getframe(1), PythonDataTensors)))
 
     def __enter__(self) -> 'PythonDataTensors':
         self._mode.__enter__()
