@@ -65,8 +65,12 @@ def test_one_run_of_this_code_times_both_variants_and_counts_their_flop(tool, tm
 
 def test_the_docs_rows_are_the_tools_rendering_of_the_committed_runs(tool):
     doc = (REPO / 'docs' / 'benchmarks.md').read_text()
-    runs = sorted((REPO / 'docs' / 'results' / 'recipe_speed').glob('*.json'))
-    linked = set(re.findall(r'\(results/recipe_speed/([\w.-]+)\.json\)', doc))
+    # recipe_speed/: batched views against per-image ones (the README's speed line);
+    # view_arithmetic/: PIL-exact batched views against the rounding version before
+    runs = sorted([*(REPO / 'docs' / 'results' / 'recipe_speed').glob('*.json'),
+                   *(REPO / 'docs' / 'results' / 'view_arithmetic').glob('*.json')])
+    linked = set(re.findall(r'\(results/(?:recipe_speed|view_arithmetic)/([\w.-]+)\.json\)',
+                            doc))
     assert runs and linked == {run.stem for run in runs}
     for path in runs:
         result = json.loads(path.read_text())
