@@ -6,7 +6,8 @@ by the feature, not by the version number, in this one module.
   they are missing).
 - A fused AdamW kernel for CPU parameters (2.4; CUDA has had one since 2.0).
 - ``torch.amp.GradScaler(device)`` (2.3; before, ``torch.cuda.amp.GradScaler``, CUDA only).
-- ``torch.nn.attention.sdpa_kernel`` (2.3; before, ``torch.backends.cuda.sdp_kernel``).
+- ``torch.nn.attention.sdpa_kernel`` (2.3; before, ``torch.backends.cuda.sdp_kernel``), for
+  the benchmark's FLOP count and the GPU tests' backend comparison.
 
 One is a fault rather than a missing feature, and can only be told by the version: torch
 2.1's CPU flash-attention kernel corrupts memory in its bfloat16 backward (seen with 2.1.2:
@@ -53,11 +54,18 @@ def grad_scaler(device_type: str = 'cuda', **kwargs) -> Any:
     return torch.cuda.amp.GradScaler(**kwargs)
 
 
-def math_attention() -> AbstractContextManager:
-    """A block where ``scaled_dot_product_attention`` runs on its math backend alone."""
+def attention_backend(name: str) -> AbstractContextManager:
+    """A block where ``scaled_dot_product_attention`` runs on the backend ``name`` alone
+    (``'MATH'``, ``'FLASH_ATTENTION'``, ``'EFFICIENT_ATTENTION'``), raising where it cannot."""
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:  # torch < 2.3
-        return torch.backends.cuda.sdp_kernel(enable_flash=False, enable_math=True,
-                                              enable_mem_efficient=False)
-    return sdpa_kernel(SDPBackend.MATH)
+        return torch.backends.cuda.sdp_kernel(enable_math=name == 'MATH',
+                                              enable_flash=name == 'FLASH_ATTENTION',
+                                              enable_mem_efficient=name == 'EFFICIENT_ATTENTION')
+    return sdpa_kernel([getattr(SDPBackend, name)])
+
+
+def math_attention() -> AbstractContextManager:
+    """A block where ``scaled_dot_product_attention`` runs on its math backend alone."""
+    return attention_backend('MATH')

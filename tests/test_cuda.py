@@ -169,12 +169,12 @@ def test_dist_train_sh_nccl_sync_bn(gpus, tmp_path):
 
 def _last_layer_input_and_attention(backbone, images, backend):
     """forward_mst under one SDPA backend; returns its features and the last layer's input."""
-    from torch.nn.attention import sdpa_kernel
+    from mst_mm.compat import attention_backend
     captured = {}
     handle = backbone.layers[-1].ln1.register_forward_pre_hook(
         lambda module, args: captured.__setitem__('x', args[0].detach()))
     try:
-        with sdpa_kernel([backend]), torch.no_grad():
+        with attention_backend(backend), torch.no_grad():
             feats = backbone.forward_mst(images, with_attn=True)
     finally:
         handle.remove()
@@ -197,7 +197,6 @@ def _cls_attention_by_the_book(layer, x):
 def test_last_block_cls_attention_under_fused_sdpa_equals_the_math_path(backend_name,
                                                                         autocast_dtype):
     from mmpretrain.registry import MODELS
-    from torch.nn.attention import SDPBackend
 
     import mst_mm  # noqa: F401
     if autocast_dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
@@ -212,8 +211,8 @@ def test_last_block_cls_attention_under_fused_sdpa_equals_the_math_path(backend_
         # The fused kernel must really run: sdpa_kernel allows it alone, and SDPA raises
         # "No available kernel" instead of falling back.
         fused, fused_x = _last_layer_input_and_attention(
-            backbone, images, getattr(SDPBackend, backend_name))
-        math_feats, math_x = _last_layer_input_and_attention(backbone, images, SDPBackend.MATH)
+            backbone, images, backend_name)
+        math_feats, math_x = _last_layer_input_and_attention(backbone, images, 'MATH')
     with torch.no_grad():  # outside autocast: the guidance is float32 under any autocast
         reference = _cls_attention_by_the_book(backbone.layers[-1], fused_x)
     assert fused.attn_heads.shape == (4, 6, 196) and fused.attn_heads.dtype == torch.float32
