@@ -7,6 +7,8 @@ from mmengine.dist import all_reduce, get_world_size
 from mmengine.model import BaseModule
 from mmpretrain.registry import MODELS
 
+from ..utils.precision import float32_region
+
 
 @MODELS.register_module()
 class DINODistillHead(BaseModule):
@@ -104,7 +106,7 @@ class DINODistillHead(BaseModule):
         # instead of a Python loop over the G * (V - 1) pairs; then the pairs of a crop
         # with itself (j == i) are left out. In float32 under autocast too, as the loop's
         # elementwise products were.
-        with torch.autocast(device_type=teacher_p.device.type, enabled=False):
+        with float32_region(teacher_p.device):
             pair_sums = -torch.mm(teacher_p.reshape(num_global, -1),
                                   student_logp.reshape(num_crops, -1).t())
         # The pairs j != i in row-major order, as a boolean mask off the diagonal would pick
