@@ -10,9 +10,13 @@ from setuptools import find_packages, setup
 ROOT = osp.dirname(osp.abspath(__file__))
 
 # What `mim` reads from an installed package: the configs (`mim train mst_mm NAME.py` finds a
-# config by its file name), the tools it runs, and the model index that `mim search` lists (it
+# config by its file name), the user tools it runs (mmpretrain's layout; the research kit's
+# tools in tools/ stay in the repository) and the model index that `mim search` lists (it
 # imports configs/mst/metafile.yml).
-MIM_FILES = ('configs', 'tools', 'model-index.yml')
+USER_TOOLS = ('train.py', 'test.py', 'dist_train.sh', 'dist_test.sh', 'slurm_train.sh',
+              'slurm_test.sh', 'analysis/browse_dataset.py', 'analysis/knn_eval.py',
+              'analysis/visualize_mst.py', 'model_converters')
+MIM_FILES = ('configs', 'model-index.yml') + tuple(f'tools/{name}' for name in USER_TOOLS)
 MIM_ROOT = osp.join(ROOT, 'mst_mm', '.mim')
 
 
@@ -26,8 +30,15 @@ def mim_mode() -> str:
     return 'copy' if building or os.environ.get('MST_MM_MIM_COPY') else 'symlink'
 
 
+def _remove(path: str) -> None:
+    if osp.islink(path) or osp.isfile(path):
+        os.remove(path)
+    elif osp.isdir(path):
+        shutil.rmtree(path)
+
+
 def add_mim_extension(mim_root: str = MIM_ROOT, mode: Optional[str] = None) -> None:
-    """Expose configs/, tools/ and model-index.yml under mst_mm/.mim so that `mim` finds them.
+    """Expose configs/, the user tools and model-index.yml under mst_mm/.mim for `mim`.
 
     Args:
         mim_root: the folder to fill, `mst_mm/.mim` of this repository by default.
@@ -36,15 +47,13 @@ def add_mim_extension(mim_root: str = MIM_ROOT, mode: Optional[str] = None) -> N
     mode = mode or mim_mode()
     if mode not in ('symlink', 'copy'):
         raise ValueError(f"mode must be 'symlink' or 'copy', not {mode!r}")
-    os.makedirs(mim_root, exist_ok=True)
+    for top in {name.split('/')[0] for name in MIM_FILES}:
+        _remove(osp.join(mim_root, top))
     for name in MIM_FILES:
         src, dst = osp.join(ROOT, name), osp.join(mim_root, name)
-        if osp.islink(dst) or osp.isfile(dst):
-            os.remove(dst)
-        elif osp.isdir(dst):
-            shutil.rmtree(dst)
+        os.makedirs(osp.dirname(dst), exist_ok=True)
         if mode == 'symlink':
-            os.symlink(osp.relpath(src, mim_root), dst)
+            os.symlink(osp.relpath(src, osp.dirname(dst)), dst)
         elif osp.isdir(src):
             shutil.copytree(src, dst)
         else:

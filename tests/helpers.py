@@ -58,7 +58,7 @@ def tiny_runner_cfg(data_root, work_dir, max_epochs=2, batch_size=4,
 def scalars(work_dir, all_runs: bool = False) -> list:
     """The json lines that mmengine's LocalVisBackend wrote for the latest run in
     `work_dir`, or for every run in it (the package's reader, which the demo uses too)."""
-    from mst_mm.visualization import read_scalars
+    from mst_research.report import read_scalars
     return read_scalars(work_dir, all_runs=all_runs)
 
 

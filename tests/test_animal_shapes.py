@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-from mst_mm.evidence.animal_shapes import (
+from mst_research.data import (
     CLASSES,
     load_object_masks,
     load_silhouettes,

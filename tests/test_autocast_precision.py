@@ -61,7 +61,7 @@ def test_views_are_made_in_float32_under_autocast_bit_for_bit(config, what):
 def test_the_check_sees_bfloat16_views():
     """The comparison above fails where a view is computed in bfloat16: the blur's matrix
     product under autocast, as the preprocessor ran it before."""
-    from mst_mm.models.utils.batch_multicrop import blur_weights
+    from mst_mm.models.utils.view_ops import blur_weights
     torch.manual_seed(0)
     x = torch.randint(0, 256, (4, 3, 32, 32)).float()
     kernel = blur_weights(torch.full((4, ), 1.5), 32, 2.0)[:, None]

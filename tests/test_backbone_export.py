@@ -6,8 +6,8 @@ from mmengine.config import Config
 from mmpretrain.registry import MODELS
 
 import mst_mm  # noqa: F401
+from mst_mm.converters import extract_backbone, vit_to_timm
 from mst_mm.errors import CheckpointError
-from mst_mm.models.export import extract_backbone, vit_to_timm
 from tests.helpers import DEMO_CONFIG, load_tool
 
 

@@ -12,11 +12,13 @@ from PIL import Image
 from mst_mm.models.utils.batch_multicrop import (
     BatchMultiCrop,
     MultiCropDataPreprocessor,
+    crop_boxes,
+)
+from mst_mm.models.utils.view_ops import (
     _blend,
-    _jitter,
     _rotate_hue,
     blur_weights,
-    crop_boxes,
+    colour_jitter,
     resize_weights,
 )
 
@@ -102,8 +104,8 @@ def test_no_op_leaves_the_images_unchanged():
     out = _blend(images.clone(), torch.full((3, ), -1), torch.tensor([1.4, 0.6, 0.1]))
     assert torch.equal(out, images)
     order, factors = torch.arange(4).repeat(3, 1), torch.tensor([[1.4, 0.6, 1.2, 0.1]] * 3)
-    assert torch.equal(_jitter(images.clone(), torch.zeros(3, dtype=torch.bool), order, factors),
-                       images)
+    unjittered = torch.zeros(3, dtype=torch.bool)
+    assert torch.equal(colour_jitter(images.clone(), unjittered, order, factors), images)
 
 
 def test_jitter_applies_each_images_operations_in_its_own_order():
@@ -115,7 +117,7 @@ def test_jitter_applies_each_images_operations_in_its_own_order():
                            torch.empty(24).uniform_(0.6, 1.4, generator=gen),
                            torch.empty(24).uniform_(0.8, 1.2, generator=gen),
                            torch.empty(24).uniform_(-0.1, 0.1, generator=gen)], 1)
-    ours = _jitter(images.clone(), jittered, order, factors)
+    ours = colour_jitter(images.clone(), jittered, order, factors)
     for i in range(24):     # one image at a time, one operation at a time, in its order
         x = images[i:i + 1].clone()
         for op in (order[i].tolist() if jittered[i] else []):
@@ -185,14 +187,14 @@ def _pil_grey(bgr: np.ndarray) -> np.ndarray:
 
 
 def test_flip_grey_and_solarise_match_the_per_image_operations():
-    from mst_mm.models.utils.batch_multicrop import _flip, _grayscale, _solarize
+    from mst_mm.models.utils.view_ops import flip, grayscale, solarize
     images = np.concatenate([_images(4), np.random.default_rng(0).integers(
         0, 256, (4, 32, 32, 3), dtype=np.uint8)])
     chosen = torch.tensor([True, False, True, False] * 2)
     per_image = {
-        _flip: lambda img: mmcv.imflip(img, 'horizontal'),
-        _grayscale: _pil_grey,
-        _solarize: lambda img: mmcv.solarize(img, thr=128),
+        flip: lambda img: mmcv.imflip(img, 'horizontal'),
+        grayscale: _pil_grey,
+        solarize: lambda img: mmcv.solarize(img, thr=128),
     }
     for batched, reference in per_image.items():
         ours = batched(_as_tensor(images), chosen).permute(0, 2, 3, 1).numpy()

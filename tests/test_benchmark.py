@@ -1,4 +1,5 @@
-"""tools/analysis/benchmark.py: its interleaved timing, its ratios and their spread, its FLOP
+"""tools/analysis/benchmark.py and the kit's modules behind it (mst_research.bench,
+step_cost, dino_reference): the interleaved timing, the ratios and their spread, the FLOP
 count, the reference DINO step built from a DINO clone, and the rows docs/benchmarks.md quotes.
 
 Speeds are never asserted (this machine is noisy). The end-to-end runs replace the timer by
@@ -8,12 +9,14 @@ can be checked against a computation by hand.
 import json
 import mmap
 import re
+import sys
 from functools import partial
 
 import pytest
 import torch
 from mmengine.config import Config
 
+from mst_research import bench, dino_reference, step_cost
 from tests.conftest import cpu_mixed_precision_training
 from tests.helpers import DEMO_CONFIG, REPO, load_tool
 
@@ -34,7 +37,7 @@ def tool():
 
 
 @pytest.fixture
-def known_timer(tool, monkeypatch):
+def known_timer(monkeypatch):
     """Every step really runs once; its seconds and usage are ``KNOWN_*``."""
     def interleaved_times(fns, repeats, warmup, device):
         for fn in fns.values():
@@ -42,8 +45,8 @@ def known_timer(tool, monkeypatch):
         return ({name: KNOWN_SECONDS[name] for name in fns},
                 {name: KNOWN_USAGE for name in fns})
 
-    monkeypatch.setattr(tool, 'interleaved_times', interleaved_times)
-    monkeypatch.setattr(tool, 'load_per_core', lambda: 0.25)
+    monkeypatch.setattr(bench, 'interleaved_times', interleaved_times)
+    monkeypatch.setattr(bench, 'load_per_core', lambda: 0.25)
 
 
 def test_cost_run_reports_the_ratios_their_spread_and_the_load(tool, known_timer, tmp_path,
@@ -77,16 +80,16 @@ def test_cost_run_reports_the_ratios_their_spread_and_the_load(tool, known_timer
             '| 1.000 (1.000-1.100) | 1.020 | 10.0% | 0.25 |') in printed
 
 
-def test_interleaved_times_rotates_the_order_every_repetition(tool):
+def test_interleaved_times_rotates_the_order_every_repetition():
     calls = []
-    times, usage = tool.interleaved_times(
+    times, usage = bench.interleaved_times(
         {name: partial(calls.append, name) for name in 'abc'}, 3, 1, 'cpu')
     assert calls == list('abc' 'abc' 'bca' 'cab')   # one warm-up each, then rotated
     assert {name: len(t) for name, t in times.items()} == dict(a=3, b=3, c=3)
     assert all(t >= 0 for reps in times.values() for t in reps)
 
 
-def test_usage_counts_the_pages_each_step_touches_first(tool):
+def test_usage_counts_the_pages_each_step_touches_first():
     size = 64 * 2**20
 
     def touch_64_mib():   # a fresh anonymous mapping: every page is new to the process
@@ -94,7 +97,7 @@ def test_usage_counts_the_pages_each_step_touches_first(tool):
             for offset in range(0, size, 4096):
                 fresh[offset] = 1
 
-    _, usage = tool.interleaved_times(dict(touch=touch_64_mib, idle=lambda: None), 3, 1, 'cpu')
+    _, usage = bench.interleaved_times(dict(touch=touch_64_mib, idle=lambda: None), 3, 1, 'cpu')
     # 16,384 pages of 4 KiB, or 32 huge pages where the kernel backs them so
     assert min(u['minor_faults'] for u in usage['touch']) >= 32
     assert min(u['minor_faults'] for u in usage['touch']) > \
@@ -102,8 +105,8 @@ def test_usage_counts_the_pages_each_step_touches_first(tool):
     assert all(u['user'] >= 0 and u['system'] >= 0 for reps in usage.values() for u in reps)
 
 
-def test_the_variants_split_mst_into_its_mask_and_its_decoder(tool):
-    variants = tool.load_variants(tool.resolve_model('deit-s')[0])
+def test_the_variants_split_mst_into_its_mask_and_its_decoder():
+    variants = step_cost.load_variants(step_cost.resolve_model('deit-s')[0])
     mst, mask_only, dino = (variants[k].model for k in ('mst', 'mask_only', 'dino'))
     assert mst.decoder_head is not None and mst.mask_cfg.mode == 'attention'
     assert mask_only.decoder_head is None and mask_only.mask_cfg == mst.mask_cfg
@@ -212,9 +215,12 @@ def test_reference_dino_option_times_the_three_steps_from_the_clone(tool, known_
     clone = stand_in_dino(tmp_path / 'dino')
     out = tmp_path / 'reference.json'
     config = 'configs/mst/mst_vit-tiny-p4_1xb64-coslr-10e_demo.py'  # a path, not a name
+    path_before = list(sys.path)
     tool.main(['--reference-dino', str(clone), '--models', config, '--batch-size', '2',
                '--threads', '1', '--out', str(out)])
 
+    # The clone's modules were loaded from their files: sys.path and sys.modules are as before.
+    assert sys.path == path_before and 'main_dino' not in sys.modules
     saved = json.loads(out.read_text())
     result = saved['models'][config]
     # reference / ours: medians 2.6 / 2.0 and 2.6 / 2.2; per repetition 1.5, 1.3, 1.0 and
@@ -234,7 +240,7 @@ def test_reference_dino_option_times_the_three_steps_from_the_clone(tool, known_
     flops = result['gflops_per_image']
     assert flops['reference_dino'] > 0 and flops['mst'] > flops['dino_mode'] > 0  # + decoder
     row = '| 1 | 1.300 (1.000-1.500) | 1.182 (0.833-1.250) | 1.100 (1.100-1.200) | 0.25 |'
-    assert tool.reference_summary_row(saved, config) == row
+    assert dino_reference.reference_summary_row(saved, config) == row
     assert f'{config}: {row}' in capsys.readouterr().out
 
     calls = (clone / 'calls.txt').read_text().splitlines()
@@ -247,27 +253,28 @@ def test_reference_dino_option_times_the_three_steps_from_the_clone(tool, known_
     assert calls.count('clip 3.0') == 2 and calls.count('cancel 0 0') == 2
 
 
-def test_flops_of_counts_forward_and_backward_of_a_step(tool):
+def test_flops_of_counts_forward_and_backward_of_a_step():
     x = torch.randn(8, 32)
     weight = torch.randn(16, 32, requires_grad=True)
     # forward 2*8*32*16; backward: the weight's gradient only (x needs none), as much again
-    assert tool.flops_of(lambda: (x @ weight.t()).sum().backward()) == 2 * (2 * 8 * 32 * 16)
+    assert bench.flops_of(lambda: (x @ weight.t()).sum().backward()) == 2 * (2 * 8 * 32 * 16)
     # fused attention too: two (16 x 16 x 8) products per head forward, twice that backward
     q = torch.randn(1, 2, 16, 8, requires_grad=True)
     attention = torch.nn.functional.scaled_dot_product_attention
-    assert tool.flops_of(lambda: attention(q, q, q).sum().backward()) == 3 * (
+    assert bench.flops_of(lambda: attention(q, q, q).sum().backward()) == 3 * (
         2 * 2 * (2 * 16 * 16 * 8))
 
 
-def test_reference_dino_option_names_what_the_folder_lacks(tool, tmp_path):
+def test_reference_dino_option_names_what_the_folder_lacks(tmp_path):
     (tmp_path / 'main_dino.py').write_text('')
     with pytest.raises(FileNotFoundError, match='lacks utils.py, vision_transformer.py'):
-        tool.import_reference_dino(str(tmp_path))
+        dino_reference.import_reference_dino(str(tmp_path))
 
 
 def test_models_accepts_built_in_names_and_config_paths_only(tool):
-    assert tool.resolve_model('deit-s')[0].endswith('mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py')
-    assert tool.resolve_model(DEMO_CONFIG) == (DEMO_CONFIG, tool.DEFAULT_BATCH_SIZE)
+    assert step_cost.resolve_model('deit-s')[0].endswith(
+        'mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py')
+    assert step_cost.resolve_model(DEMO_CONFIG) == (DEMO_CONFIG, step_cost.DEFAULT_BATCH_SIZE)
     with pytest.raises(ValueError, match='built-in names'):
         tool.main(['--models', 'no-such-model'])
 
@@ -278,7 +285,7 @@ def test_every_option_has_a_help_text(tool):
     assert undocumented == []
 
 
-def test_published_speed_figures_are_the_committed_runs_as_the_tool_renders_them(tool):
+def test_published_speed_figures_are_the_committed_runs_as_the_tool_renders_them():
     """docs/benchmarks.md quotes each committed run as the tool prints it, and nothing else."""
     doc = (REPO / 'docs' / 'benchmarks.md').read_text()
     runs = sorted((REPO / 'docs' / 'results' / 'benchmarks').glob('*.json'))
@@ -289,22 +296,23 @@ def test_published_speed_figures_are_the_committed_runs_as_the_tool_renders_them
         assert not results['commit'].endswith('+dirty'), f'{run.name} timed uncommitted code'
         for name, result in results['models'].items():
             if 'step_ratio' in result:   # the cost of MST over DINO, piece by piece
-                assert tool.cost_row(results, name) in doc
+                assert step_cost.cost_row(results, name) in doc
             elif 'float32_over_autocast' in result:   # --prototype-precision
-                row = tool.prototype_row(results, name)
+                row = step_cost.prototype_row(results, name)
                 assert f'| [{run.stem}](results/benchmarks/{run.stem}.json) {row}' in doc
             else:
-                row = tool.reference_summary_row(results, name)
+                row = dino_reference.reference_summary_row(results, name)
                 assert f'| [{run.stem}](results/benchmarks/{run.stem}.json) {row}' in doc
 
 
 def test_dtypes_time_our_steps_once_per_autocast_dtype(tool):
-    assert tool.our_step_names(None) == dict(dino_mode=('dino', None), mst=('mst', None))
-    assert tool.our_step_names(['bfloat16', 'float16']) == dict(
+    assert dino_reference.our_step_names(None) == dict(dino_mode=('dino', None),
+                                                       mst=('mst', None))
+    assert dino_reference.our_step_names(['bfloat16', 'float16']) == dict(
         dino_mode_bfloat16=('dino', 'bfloat16'), mst_bfloat16=('mst', 'bfloat16'),
         dino_mode_float16=('dino', 'float16'), mst_float16=('mst', 'float16'))
-    assert tool.reference_ratios(None) == tool.REFERENCE_RATIOS
-    ratios = tool.reference_ratios(['bfloat16'])
+    assert dino_reference.reference_ratios(None) == dino_reference.REFERENCE_RATIOS
+    ratios = dino_reference.reference_ratios(['bfloat16'])
     assert ratios == dict(
         dino_mode_speed_vs_reference_bfloat16=('reference_dino', 'dino_mode_bfloat16'),
         mst_speed_vs_reference_bfloat16=('reference_dino', 'mst_bfloat16'),
@@ -313,7 +321,7 @@ def test_dtypes_time_our_steps_once_per_autocast_dtype(tool):
         tool.main(['--models', 'tiny', '--device', 'cpu', '--dtypes', 'bfloat16'])
 
 
-def test_state_bytes_counts_what_a_step_keeps_once(tool):
+def test_state_bytes_counts_what_a_step_keeps_once():
     model = torch.nn.Linear(4, 3)                      # 12 + 3 float32
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.ones(2, 4)).sum().backward()
@@ -321,11 +329,11 @@ def test_state_bytes_counts_what_a_step_keeps_once(tool):
     inputs = torch.zeros(5)
     view = inputs[1:]                                  # the same storage: counted once
     expected = 4 * (15 + 15 + 2 * 15) + 2 * 4 + 4 * 5  # weights, grads, moments, steps, input
-    assert tool.state_bytes([model], [optimizer], [inputs, view]) == expected
-    assert tool.peak_memory_gib(lambda: None, expected, 'cpu') is None   # CUDA only
+    assert bench.state_bytes([model], [optimizer], [inputs, view]) == expected
+    assert bench.peak_memory_gib(lambda: None, expected, 'cpu') is None   # CUDA only
 
 
-def test_reference_table_names_each_steps_autocast_and_peak_memory(tool, capsys):
+def test_reference_table_names_each_steps_autocast_and_peak_memory(capsys):
     steps = ('reference_dino', 'dino_mode_bfloat16', 'mst_bfloat16')
     result = dict(batch_size=128, crops='2 x 224 + 10 x 96 px', out_channels=65536, amp=True,
                   dtypes=dict(dino_mode_bfloat16='bfloat16', mst_bfloat16='bfloat16'),
@@ -336,7 +344,8 @@ def test_reference_table_names_each_steps_autocast_and_peak_memory(tool, capsys)
                   step_spread={s: dict(median=t, min=t, max=t) for s, t in
                                zip(steps, (0.5, 0.4, 0.45))},
                   usage_per_step={s: dict(user=1.0, system=0.1, minor_faults=10) for s in steps})
-    tool.print_reference_table(dict(peak_tflops=989.0, repeats=5, models={'deit-s': result}))
+    dino_reference.print_reference_table(dict(peak_tflops=989.0, repeats=5,
+                                              models={'deit-s': result}))
     printed = capsys.readouterr().out
     # speed against the reference 0.5 / 0.4; MFU 320 images/s x 60 GFLOP / 989 TFLOP/s
     assert ('| dino_mode_bfloat16 | bfloat16 | 0.400 (0.400-0.400) | 1.250 | 320.0 | 60.0 '
@@ -346,7 +355,7 @@ def test_reference_table_names_each_steps_autocast_and_peak_memory(tool, capsys)
 
 
 @cpu_mixed_precision_training
-def test_dtypes_build_and_time_our_steps_in_each_autocast_dtype(tool, tmp_path, monkeypatch):
+def test_dtypes_build_and_time_our_steps_in_each_autocast_dtype(tmp_path, monkeypatch):
     """--dtypes on a GPU, here on the CPU: mmengine's AMP wrapper with its GPU assertion
     lifted and torch's CPU GradScaler (as tests/test_amp_on_cpu.py does)."""
     import functools
@@ -362,15 +371,15 @@ def test_dtypes_build_and_time_our_steps_in_each_autocast_dtype(tool, tmp_path, 
         return ({name: [1.0] for name in fns},
                 {name: [dict(user=1.0, system=0.0, minor_faults=1)] for name in fns})
 
-    monkeypatch.setattr(tool, 'interleaved_times', one_call_each)
-    variants = tool.load_variants(DEMO_CONFIG)
+    monkeypatch.setattr(bench, 'interleaved_times', one_call_each)
+    variants = step_cost.load_variants(DEMO_CONFIG)
     for dtype in ('bfloat16', 'float16'):
-        _, wrapper = tool.build_for_training(variants['mst'], 'cpu', amp=True, dtype=dtype)
+        _, wrapper = step_cost.build_for_training(variants['mst'], 'cpu', amp=True, dtype=dtype)
         assert wrapper.cast_dtype == getattr(torch, dtype)
     # mmengine's CPU autocast takes bfloat16 only: one dtype here, named as on the GPU.
     clone = stand_in_dino(tmp_path / 'dino')
-    result = tool.compare_with_reference(DEMO_CONFIG, str(clone), 2, 1, 0, 'cpu', True,
-                                         ['bfloat16'])
+    result = dino_reference.compare_with_reference(DEMO_CONFIG, str(clone), 2, 1, 0, 'cpu',
+                                                   True, ['bfloat16'])
     assert result['dtypes'] == dict(dino_mode_bfloat16='bfloat16', mst_bfloat16='bfloat16')
     assert list(result['step_seconds']) == ['reference_dino', 'dino_mode_bfloat16',
                                             'mst_bfloat16']
@@ -390,14 +399,14 @@ def test_prototype_precision_times_the_float32_layer_against_autocast(tool, know
     logits in bfloat16; the layer's FLOP share is its 2 B C K per view (forward), three times
     for the student's views (with the backward), over the counted step."""
     seen = []
-    build = tool.build_for_training
+    build = step_cost.build_for_training
 
     def recording_build(*args, **kwargs):
         model, wrapper = build(*args, **kwargs)
         model.neck.last_layer.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
         return model, wrapper
 
-    monkeypatch.setattr(tool, 'build_for_training', recording_build)
+    monkeypatch.setattr(step_cost, 'build_for_training', recording_build)
     out = tmp_path / 'precision.json'
     tool.main(['--models', 'tiny', '--batch-size', '2', '--prototype-precision', 'bfloat16',
                '--out', str(out)])
@@ -409,6 +418,6 @@ def test_prototype_precision_times_the_float32_layer_against_autocast(tool, know
     assert seen == [torch.float32, torch.bfloat16, torch.float32]
     assert 0 < tiny['prototype_layer_flop_share'] < 0.05
     assert '| tiny | 2 | bfloat16 |' in capsys.readouterr().out
-    assert tool.prototype_row(json.loads(out.read_text()), 'tiny').startswith('| tiny | 2 |')
+    assert step_cost.prototype_row(json.loads(out.read_text()), 'tiny').startswith('| tiny | 2 |')
     with pytest.raises(ValueError, match='float16 needs --device cuda'):
         tool.main(['--models', 'tiny', '--prototype-precision', 'float16', '--out', str(out)])

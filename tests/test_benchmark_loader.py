@@ -1,23 +1,21 @@
-"""tools/analysis/benchmark_loader.py: the per-image worker pipelines and the figures' keys."""
+"""tools/analysis/benchmark_loader.py and mst_research.loader_speed: the per-image worker
+pipelines and the figures' keys."""
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 from mmengine.config import Config
 
-from tests.helpers import REPO
+from mst_research import loader_speed
+from tests.helpers import REPO, load_tool
 
 REPO_PATH = Path(REPO)
 
-sys.path.insert(0, f'{REPO}/tools/analysis')
-import benchmark_loader  # noqa: E402
-
 
 def test_the_worker_pipeline_only_cuts_while_the_old_one_augments(tmp_path):
-    cfg = Config.fromfile(f'{REPO}/{benchmark_loader.CONFIG}')
-    paths = benchmark_loader.write_photos(str(tmp_path / 'photos'), 2)
-    fns = benchmark_loader.worker_pipelines(cfg, None)
+    cfg = Config.fromfile(f'{REPO}/{loader_speed.CONFIG}')
+    paths = loader_speed.write_photos(str(tmp_path / 'photos'), 2)
+    fns = loader_speed.worker_pipelines(cfg, None)
     np.random.seed(0)
     ours = fns['ours'](paths[0])['inputs']
     assert [tuple(v.shape) for v in ours] == [(3, 224, 224)] * 2 + [(3, 96, 96)] * 8
@@ -29,9 +27,10 @@ def test_the_worker_pipeline_only_cuts_while_the_old_one_augments(tmp_path):
 
 def test_one_quick_run_writes_every_figure(tmp_path):
     out = tmp_path / 'loader.json'
-    benchmark_loader.main(['--images', '2', '--repeats', '1', '--batch-size', '2',
-                           '--device', 'cpu', '--workers', '0', '--batches', '1',
-                           '--photos', str(tmp_path / 'photos'), '--out', str(out)])
+    tool = load_tool('tools/analysis/benchmark_loader.py')
+    tool.main(['--images', '2', '--repeats', '1', '--batch-size', '2', '--device', 'cpu',
+               '--workers', '0', '--batches', '1', '--photos', str(tmp_path / 'photos'),
+               '--out', str(out)])
     results = json.loads(out.read_text())
     assert set(results['per_image']['cpu_ms_per_image']) == {'ours', 'ours_per_image'}
     assert results['per_image']['ratios']['ours_per_image_over_ours']['median'] > 0
@@ -48,7 +47,7 @@ def test_the_docs_and_readme_give_the_committed_runs_figures():
     for path in runs:
         results = json.loads(path.read_text())
         assert results['command'] in docs, path.name
-        for row in benchmark_loader.markdown_rows(results):
+        for row in loader_speed.markdown_rows(results):
             assert row in docs, (path.name, row)
         ratio = results['per_image']['ratios']['dino_over_ours']
         lows.append(ratio['median'])

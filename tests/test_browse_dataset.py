@@ -84,7 +84,7 @@ def test_per_image_views_and_their_colours(tmp_path):
 
 
 def test_evidence_config_picture_of_batch_multicrop_views(tmp_path, small_package):  # noqa: F811
-    from mst_mm.evidence.animal_shapes import write_object_images
+    from mst_research.data import write_object_images
     write_object_images(str(tmp_path / 'objects'), test_per_class=1, package_dir=small_package)
     out = tmp_path / 'views.png'
     load_tool('tools/analysis/browse_dataset.py').main(

@@ -4,7 +4,7 @@ import os
 import numpy as np
 from PIL import Image
 
-from mst_mm.evidence.bundled_photos import PHOTOS, write_photo_crops
+from mst_research.data import PHOTOS, write_photo_crops
 
 
 def test_writes_square_rgb_crops_once(tmp_path):

@@ -11,7 +11,7 @@ import torch
 from mmengine.config import Config
 
 from mst_mm.engine.safe_loading import read_checkpoint
-from mst_mm.evaluation.patch_probe import load_frozen_backbone
+from mst_research.patch_probe import load_frozen_backbone
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / 'docs/results/evidence_50e'
@@ -52,9 +52,8 @@ def test_a_committed_backbone_recomputes_its_knn_row(tmp_path):
     """DINO seed 0's k-NN top-1 from its committed backbone, on the object images rendered
     anew: the summary's value to its printed digit (the run's own 47.8)."""
     from mst_mm.evaluation import knn_top1
-    from mst_mm.evidence.animal_shapes import write_object_images
-    from mst_mm.evidence.frozen_features import image_batches, load_class_folders
     from mst_mm.models.algorithms.feature_embedder import embed_images
+    from mst_research.data import image_batches, load_class_folders, write_object_images
     objects = tmp_path / 'objects'
     write_object_images(str(objects))
     cfg = Config.fromfile(str(CONFIG))

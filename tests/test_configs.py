@@ -7,6 +7,7 @@ The pretraining configs live in configs/mst/ with OpenMMLab names, indexed by it
 import ast
 import importlib.util
 import os
+import os.path as osp
 import re
 from pathlib import Path
 
@@ -102,6 +103,14 @@ def check_mim_finds_configs(package_dir: Path) -> None:
         imported = yaml.safe_load(f)['Import']
     assert all((mim / path).is_file() for path in imported)
     assert (mim / 'tools' / 'train.py').is_file()
+    # Only the user tools of mmpretrain's layout: the research kit's tools (evidence.py, the
+    # benchmarks, check_gpu.py) and the environment scripts stay in the repository.
+    tools = {osp.relpath(osp.join(d, f), mim / 'tools').split(os.sep)[0] if d != str(mim / 'tools')
+             else f for d, _, files in os.walk(mim / 'tools', followlinks=True) for f in files}
+    assert tools == {'train.py', 'test.py', 'dist_train.sh', 'dist_test.sh', 'slurm_train.sh',
+                     'slurm_test.sh', 'analysis', 'model_converters'}, tools
+    analysis = sorted(os.listdir(mim / 'tools' / 'analysis'))
+    assert analysis == ['browse_dataset.py', 'knn_eval.py', 'visualize_mst.py'], analysis
     for model in metafile_models():
         name = Path(model['Config']).name
         found = [Path(d) / name for d, _, files in os.walk(package_dir, followlinks=True)

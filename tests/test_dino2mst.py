@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from mmengine.config import Config
 
 import mst_mm  # noqa: F401
+from mst_mm.converters.dino import convert_dino_checkpoint, fresh_model, read_dino_checkpoint
+from mst_mm.converters.downstream import neck_to_dino_head, timm_to_vit, vit_to_timm
 from mst_mm.engine.safe_loading import _state_dict_of, build_runner, load_checked, read_checkpoint
 from mst_mm.errors import CheckpointError, UserInputError
-from mst_mm.models.dino_import import build_model, convert_dino_checkpoint, read_dino_checkpoint
-from mst_mm.models.export import neck_to_dino_head, timm_to_vit, vit_to_timm
 from tests.helpers import REPO, load_tool, make_image_folder, tiny_runner_cfg
 
 timm = pytest.importorskip('timm')
@@ -199,7 +199,7 @@ def test_dino_vit_small_backbone_file_starts_the_deit_s_recipe(tmp_path):
     fresh, = [m for m in lines if m.startswith('Initialised as in a fresh run')]
     # the recipe's neck has BN: DINO's file has no head anyway, so the neck is fresh
     assert 'projection neck' in fresh and '[MASK] token' in fresh
-    model = build_model(Config.fromfile(str(DEIT_S)))
+    model = fresh_model(Config.fromfile(str(DEIT_S)))
     load_checked(model, _state_dict_of(read_checkpoint(str(out)), str(out)), str(out),
                  'the model', '')   # CheckedRunner.load_checkpoint's call: every weight
     image = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(6))
@@ -286,7 +286,7 @@ def test_timm_names_round_trip():
 
 def _mst_training_checkpoint(path, cfg):
     """An MST training checkpoint of `cfg`'s model whose teacher differs from its student."""
-    state = build_model(cfg).state_dict()
+    state = fresh_model(cfg).state_dict()
     generator = torch.Generator().manual_seed(7)
     state = {k: v + 0.01 * torch.randn(v.shape, generator=generator)
              if v.is_floating_point() and k.startswith('teacher.module.') else v

@@ -7,7 +7,9 @@ import shutil
 import numpy as np
 import pytest
 
-from mst_mm.evidence.animal_shapes import write_object_images
+from mst_mm.converters import load_model
+from mst_research import probes, recipes, report, runs
+from mst_research.data import write_object_images
 from tests.helpers import load_tool
 from tests.test_animal_shapes import small_package  # noqa: F401  (fixture)
 
@@ -25,9 +27,9 @@ def hand_probe(evidence, checkpoint: str, data_root):
     from mmpretrain.registry import MODELS
 
     from mst_mm.engine.safe_loading import read_checkpoint
-    from mst_mm.evidence.animal_shapes import load_object_masks
+    from mst_research.data import load_object_masks
     from tests.test_knn import hand_knn_top1, read_split
-    model = MODELS.build(Config.fromfile(evidence.VIT_CONFIG).model)
+    model = MODELS.build(Config.fromfile(recipes.VIT_CONFIG).model)
     model.load_state_dict(read_checkpoint(checkpoint, map_location='cpu')['state_dict'])
     teacher = model.teacher.module[0]
     teacher.eval()  # mmpretrain's train() returns None: no chaining
@@ -93,12 +95,12 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
     assert summary['knn_probe']['mst_guided_mask'][0] == row['knn_probe']
     assert [c['epoch'] for c in row['guidance_by_epoch']] == [1]
     # The patch probe is the package's, on the teacher's patch tokens, with its default settings.
-    from mst_mm.evidence.patch_probe import masked_splits, probe_patches
-    model = evidence.build_model(evidence.pretrain_config(
-        evidence.VIT_CONFIG, 'mst_guided_mask', 0, dict(epochs=1), str(data_root), str(out)),
+    from mst_research.patch_probe import masked_splits, probe_patches
+    model = load_model(recipes.pretrain_config(
+        recipes.VIT_CONFIG, 'mst_guided_mask', 0, dict(epochs=1), str(data_root), str(out)),
         row['checkpoint'], 0)
     splits = masked_splits(str(data_root / 'objects'))
-    by_hand = probe_patches(*splits, *evidence.teacher_of(model))
+    by_hand = probe_patches(*splits, *probes.teacher_of(model))
     assert row['patch_probe_miou'] == by_hand['patch_miou']
     assert row['patch_probe_pixel_miou'] == by_hand['pixel_miou']
     assert summary['patch_probe_settings'] == by_hand['settings']
@@ -142,7 +144,7 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
     # A changed committed value is named, at its printed digit.
     changed = dict(summary, knn_top1=dict(summary['knn_top1'], dino=[12.34, 0.0]))
     (out / 'summary.json').write_text(json.dumps(changed))
-    _, differences = evidence.recomputed_summary(changed, dict(dino=[dict(
+    _, differences = report.recomputed_summary(changed, dict(dino=[dict(
         json.loads((tmp_path / 'again' / 'results' / 'dino_seed0.json').read_text()))]))
     assert differences == [f"knn_top1 dino seed 0: committed 12.3, recomputed "
                            f"{summary['knn_top1']['dino'][0]:.1f}"]
@@ -158,7 +160,7 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
 
 
 def test_the_validation_split_holds_out_100_images_a_class_of_the_train_split():
-    from mst_mm.evidence.animal_shapes import load_silhouettes, stratified_split, validation_split
+    from mst_research.data import load_silhouettes, stratified_split, validation_split
     _, labels = load_silhouettes()
     train, _ = stratified_split(labels)
     fit, val = validation_split(labels[train])
@@ -169,17 +171,17 @@ def test_the_validation_split_holds_out_100_images_a_class_of_the_train_split():
 
 def test_validation_mode_probes_without_the_test_images(tmp_path, small_package,  # noqa: F811
                                                        evidence, monkeypatch):
-    from mst_mm.evidence import animal_shapes
-    from mst_mm.evidence.frozen_features import class_folder_files, load_class_folders
+    from mst_research import data as animal_shapes
+    from mst_research.data import class_folder_files, load_class_folders
     data_root = tmp_path / 'animals'
     objects = data_root / 'objects'
     write_object_images(str(objects), test_per_class=1, package_dir=small_package)
     monkeypatch.setattr(animal_shapes, 'VAL_PER_CLASS', 1)   # 3 train images a class here
     schedule = dict(epochs=1, validation=True, probe_interval=3,
                     cfg_options={'model.base_momentum': 0.004, 'custom_hooks.0.start': 0.04})
-    cfg = evidence.pretrain_config(evidence.VIT_CONFIG, 'dino', 0, schedule, str(data_root),
+    cfg = recipes.pretrain_config(recipes.VIT_CONFIG, 'dino', 0, schedule, str(data_root),
                                    str(tmp_path / 'work'))
-    fit, val = evidence.split_indices(str(data_root), schedule)
+    fit, val = recipes.split_indices(str(data_root), schedule)
     paths, labels = class_folder_files(str(objects / 'train'))
     assert len(fit) == 20 and len(val) == 10 and not set(fit) & set(val)
     assert labels[val].tolist() == list(range(10))
@@ -194,7 +196,7 @@ def test_validation_mode_probes_without_the_test_images(tmp_path, small_package,
 
     # The probe's queries are the validation images with their masks; no test image is read.
     shutil.rmtree(objects / 'test')
-    probe = evidence.Probe(str(data_root), validation=True)
+    probe = probes.Probe(str(data_root), validation=True)
     images, _, _ = load_class_folders(str(objects / 'train'))
     assert np.array_equal(probe.test_images, images[val])
     assert np.array_equal(probe.train_images, images[fit])
@@ -209,12 +211,12 @@ def test_the_long_recipe_config_is_the_candidate_chosen_on_the_validation_split(
     docs/evidence.md lists them), scaled to 50 epochs, as the search ran it."""
     chosen = {'model.base_momentum': 0.004, 'custom_hooks.0.start': 0.02,
               'custom_hooks.0.end': 0.02}
-    long_config = evidence.VIT_CONFIG.replace('-6e_', '-50e_')
+    long_config = recipes.VIT_CONFIG.replace('-6e_', '-50e_')
     data_root = 'no/data/needed'
-    searched = evidence.pretrain_config(
-        evidence.VIT_CONFIG, 'dino', 10,
+    searched = recipes.pretrain_config(
+        recipes.VIT_CONFIG, 'dino', 10,
         dict(epochs=50, cfg_options=chosen, probe_interval=2), data_root, 'work')
-    config = evidence.pretrain_config(long_config, 'dino', 10, dict(epochs=50), data_root,
+    config = recipes.pretrain_config(long_config, 'dino', 10, dict(epochs=50), data_root,
                                       'work')
     for key in ('model', 'param_scheduler', 'custom_hooks', 'train_cfg', 'default_hooks',
                 'optim_wrapper', 'train_dataloader'):
@@ -225,44 +227,44 @@ def test_the_long_recipe_config_is_the_candidate_chosen_on_the_validation_split(
 def test_the_units_are_planned_in_stages_and_balanced_over_lanes(evidence):
     schedule = dict(seeds=dict(dino=3, mst_decoder=2, mst_random_mask=2, mst_guided_mask=3),
                     supervised_seeds=2, finetune_seeds=2, transfer_targets=('mmdet', 'mmseg'))
-    first, second = evidence.plan_units(schedule)
+    first, second = runs.plan_units(schedule)
     assert len(first) == 3 + 2 + 10 + 2 and len(second) == 24   # fine-tuned and frozen
     assert 'random_init_seed2' in first and 'swin_dino_seed0' in first
     assert 'supervised_seed1' in first and 'mmdet_random_init_ft1' in second
     assert 'mmseg_mst_guided_mask_ft0' in second and 'mmdet_frozen_dino_ft1' in second
-    assert evidence.plan_units({**schedule, 'transfer_targets': ()}) == [first[:15]]
+    assert runs.plan_units({**schedule, 'transfer_targets': ()}) == [first[:15]]
     # SETR alone fine-tunes the ViT checkpoints: no MaskSwin pretraining is planned for it.
-    seg_first, seg_second = evidence.plan_units({**schedule, 'transfer_targets': ('mmseg',)})
+    seg_first, seg_second = runs.plan_units({**schedule, 'transfer_targets': ('mmseg',)})
     assert seg_first == first[:15]
     assert seg_second == [name for name in second if name.startswith('mmseg')]
     assert len(seg_second) == 12
-    lanes = evidence.split_lanes(first, 2)
+    lanes = runs.split_lanes(first, 2)
     assert sorted(sum(lanes, [])) == sorted(first)
-    minutes = [sum(evidence.UNIT_MINUTES.get(n.split('_')[0], 10) for n in lane)
+    minutes = [sum(runs.UNIT_MINUTES.get(n.split('_')[0], 10) for n in lane)
                for lane in lanes]
     assert abs(minutes[0] - minutes[1]) <= 10
-    assert evidence.split_lanes(['dino_seed0'], 2) == [['dino_seed0']]
+    assert runs.split_lanes(['dino_seed0'], 2) == [['dino_seed0']]
 
 
 def test_the_supervised_seeds_follow_their_flag_then_seeds_then_the_schedule(evidence):
     def supervised_seeds(*flags):
-        return evidence.make_schedule(evidence.parse_args(list(flags)))['supervised_seeds']
+        return recipes.make_schedule(evidence.parse_args(list(flags)))['supervised_seeds']
 
-    assert supervised_seeds() == evidence.SCHEDULES['full']['supervised_seeds'] == 2
+    assert supervised_seeds() == recipes.SCHEDULES['full']['supervised_seeds'] == 2
     assert supervised_seeds('--quick') == 1
     assert supervised_seeds('--seeds', '3') == 3
     assert supervised_seeds('--seeds', '3', '--supervised-seeds', '0') == 0
-    schedule = evidence.make_schedule(evidence.parse_args(['--supervised-seeds', '0']))
+    schedule = recipes.make_schedule(evidence.parse_args(['--supervised-seeds', '0']))
     assert schedule['seeds']['dino'] == 3   # the variants keep the schedule's seeds
     assert not any(name.startswith('supervised') for name in
-                   evidence.plan_units(schedule)[0])
+                   runs.plan_units(schedule)[0])
 
 
 def test_a_frozen_transfer_unit_runs_the_frozen_fine_tune(evidence, monkeypatch):
     calls = []
-    monkeypatch.setattr(evidence, 'finetune_row', lambda *args: calls.append(args))
+    monkeypatch.setattr(runs, 'finetune_row', lambda *args: calls.append(args))
     for name in ('mmdet_frozen_mst_guided_mask_ft1', 'mmseg_random_init_ft0'):
-        evidence.run_unit(name, None, None, {}, 'data', 'out')
+        runs.run_unit(name, None, None, {}, 'data', 'out')
     assert [(c[1], c[2], c[3], c[-1]) for c in calls] == [
         ('mmdet', 'mst_guided_mask', 1, True), ('mmseg', 'random_init', 0, False)]
 
@@ -278,7 +280,7 @@ def test_bad_arguments_are_named(tmp_path, evidence):
         'mmdet', 'mmseg')
     assert evidence.parse_args(['--variants', 'dino', '--skip-transfer']).transfer_targets == ()
     with pytest.raises(SystemExit, match='write_animal_shapes'):
-        evidence.prepare_data(str(tmp_path), transfer=False)
+        recipes.prepare_data(str(tmp_path), transfer=False)
 
 
 def assert_table_rows_in(table: str, text: str, count: int) -> None:
@@ -295,11 +297,11 @@ def test_the_docs_state_the_committed_full_run_digit_for_digit(evidence):
     shows its tables as the tool renders them, line for line."""
     from tests.helpers import REPO
     summary = json.loads((REPO / 'docs/results/evidence_summary.json').read_text())
-    assert set(summary['knn_top1']) == {'raw_pixels', 'random_init', *evidence.VARIANTS}
-    seeds = {v: len(summary['knn_top1'][v]) for v in evidence.VARIANTS}
+    assert set(summary['knn_top1']) == {'raw_pixels', 'random_init', *recipes.VARIANTS}
+    seeds = {v: len(summary['knn_top1'][v]) for v in recipes.VARIANTS}
     assert seeds['dino'] >= 3 and seeds['mst_guided_mask'] >= 3
     assert min(seeds.values()) >= 2
-    pretrained, transfer = evidence.format_table(summary, seeds).split('Transfer to the scenes')
+    pretrained, transfer = report.format_table(summary, seeds).split('Transfer to the scenes')
     docs = (REPO / 'docs/evidence.md').read_text()
     assert_table_rows_in(pretrained, docs, 1 + 2 + 4)
     assert_table_rows_in(transfer, docs, 1 + 3)
@@ -313,8 +315,8 @@ def test_the_readme_states_the_committed_50_epoch_run_digit_for_digit(evidence):
     summary = json.loads((REPO / 'docs/results/evidence_50e/summary.json').read_text())
     assert summary['image_views_per_run'] >= 400_000
     assert set(summary['knn_top1']) == {'raw_pixels', 'random_init', 'supervised',
-                                        *evidence.VARIANTS}
-    seeds = {v: len(summary['knn_top1'][v]) for v in evidence.VARIANTS}
+                                        *recipes.VARIANTS}
+    seeds = {v: len(summary['knn_top1'][v]) for v in recipes.VARIANTS}
     assert min(seeds['dino'], seeds['mst_guided_mask']) >= 3 and min(seeds.values()) >= 2
     assert all(len(curve) == 26 for runs in summary['knn_probe'].values() for curve in runs)
     assert set(summary['transfer']) == {'mmdet', 'mmdet_frozen', 'mmseg', 'mmseg_frozen'}
@@ -322,7 +324,7 @@ def test_the_readme_states_the_committed_50_epoch_run_digit_for_digit(evidence):
                for runs in part.values() for values in runs.values())
     readme = (REPO / 'README.md').read_text()
     docs = (REPO / 'docs/evidence.md').read_text()
-    pretrained, transfer = evidence.format_table(summary, seeds).split('Transfer to the scenes')
+    pretrained, transfer = report.format_table(summary, seeds).split('Transfer to the scenes')
     assert_table_rows_in(pretrained, docs, 1 + 7)
     assert_table_rows_in(transfer, docs, 1 + 6)
     # Every start has both targets' numbers, fine-tuned and frozen: no cell is left out.
@@ -338,4 +340,4 @@ def test_the_docs_state_the_three_seeds_of_the_quick_start_digit_for_digit(evide
     seeds = {v: len(summary['knn_top1'][v]) for v in ('dino', 'mst_guided_mask')}
     assert seeds == {'dino': 3, 'mst_guided_mask': 3}
     docs = (REPO / 'docs/evidence.md').read_text()
-    assert_table_rows_in(evidence.format_table(summary, seeds), docs, 1 + 5)
+    assert_table_rows_in(report.format_table(summary, seeds), docs, 1 + 5)

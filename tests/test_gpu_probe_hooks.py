@@ -1,7 +1,7 @@
 """tests/cuda_probe_hooks.py on the CPU: the DeviceProbeHook that tests/test_cuda.py reads
 after a GPU run, run here through tools/train.py exactly as there (``custom_imports`` names
 the hooks module, ``custom_hooks`` adds the hook), so that a hook that breaks is seen in
-every CI run and not first on a lent GPU machine."""
+every CI run and not first on a GPU node."""
 import json
 import math
 

@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from mst_mm.evaluation import linear_probe_top1
-from mst_mm.evidence.guidance import guidance_shares, patch_object_mask
+from mst_research.probes import guidance_shares, linear_probe_top1, patch_object_mask
 
 
 def test_patch_counts_as_object_when_half_its_pixels_are():

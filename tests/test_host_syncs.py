@@ -21,7 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from mst_mm.compat import fused_supported
 from mst_mm.models.heads import DINODistillHead
 from mst_mm.models.utils import FusedCosineEMA
-from tests.helpers import DEMO_CONFIG, REPO, load_tool
+from mst_research.step_cost import build_for_training, synthetic_batch
+from tests.helpers import DEMO_CONFIG, REPO
 
 TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -172,10 +173,9 @@ def test_a_training_step_reads_the_device_only_for_the_finite_loss_check(steps,
     """The demo config's step, DeiT-S's in small: the data preprocessor's batched views,
     teacher, mask, student, losses, backward, per-parameter clipping and fused AdamW. The
     first step (the teacher's copy) and a later one (its EMA)."""
-    benchmark = load_tool('tools/analysis/benchmark.py')
     cfg = Config.fromfile(DEMO_CONFIG)
-    model, optim_wrapper = benchmark.build_for_training(cfg, 'cpu')
-    batch = benchmark.synthetic_batch(cfg, batch_size=4)
+    model, optim_wrapper = build_for_training(cfg, 'cpu')
+    batch = synthetic_batch(cfg, batch_size=4)
     for _ in range(steps - 1):
         model.train_step(batch, optim_wrapper)
     with HostReads() as counter:
@@ -315,11 +315,10 @@ def deit_s_step():
     (BatchViewAugment on the workers' 224- and 96-px views), after one step (the teacher's
     copy, the optimiser's state), and a batch of 2 images."""
     from mmengine.logging import MessageHub
-    benchmark = load_tool('tools/analysis/benchmark.py')
     cfg = Config.fromfile(str(REPO / 'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py'))
     MessageHub.get_instance('deit-s-step').update_info('max_iters', 100)
-    model, optim_wrapper = benchmark.build_for_training(cfg, 'cpu')
-    batch = benchmark.synthetic_batch(cfg, batch_size=2)
+    model, optim_wrapper = build_for_training(cfg, 'cpu')
+    batch = synthetic_batch(cfg, batch_size=2)
     batch['inputs'] = [view.to(torch.uint8) for view in batch['inputs']]  # as the workers
     model.train_step(batch, optim_wrapper)
     return model, optim_wrapper, batch

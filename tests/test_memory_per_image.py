@@ -1,9 +1,10 @@
-"""tools/analysis/memory_per_image.py: the straight line through the peaks, one real run, and
-the docs' figures read off the committed run."""
+"""tools/analysis/memory_per_image.py (and mst_research.step_cost's fit): the straight line
+through the peaks, one real run, and the docs' figures read off the committed run."""
 import json
 
 import pytest
 
+from mst_research.step_cost import fit_memory_per_image
 from tests.helpers import REPO, load_tool
 
 
@@ -12,12 +13,12 @@ def tool():
     return load_tool('tools/analysis/memory_per_image.py')
 
 
-def test_the_fit_recovers_a_planted_line(tool):
+def test_the_fit_recovers_a_planted_line():
     rows = [dict(batch_size=b, peak=1900.0 + 275.0 * b) for b in (2, 4, 8, 16)]
-    fit = tool.fit(rows)
+    fit = fit_memory_per_image(rows)
     assert fit['mib_per_image'] == pytest.approx(275.0)
     assert fit['fixed_mib'] == pytest.approx(1900.0)
-    assert tool.fit(rows[:1]) is None
+    assert fit_memory_per_image(rows[:1]) is None
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mst_mm.evaluation.patch_probe import (
+from mst_research.patch_probe import (
     confusion_matrix,
     load_frozen_backbone,
     mean_iou,
@@ -29,7 +29,7 @@ def test_patch_labels_from_a_known_mask():
     labels = patch_labels(masks, classes, 4)
     assert labels.tolist() == [[[3, 3], [0, 0]], [[0, 0], [0, 10]]]
     # The same object patches as the guidance shares count.
-    from mst_mm.evidence.guidance import patch_object_mask
+    from mst_research.probes import patch_object_mask
     assert torch.equal((labels > 0).flatten(1), patch_object_mask(masks, 4))
     pixels = pixel_labels(masks, classes)
     assert pixels[0, 0, 5] == 3 and pixels[0, 3, 5] == 0 and pixels[1, 6, 6] == 10
@@ -124,7 +124,7 @@ def test_probe_separates_a_planted_feature_perfectly():
 @pytest.fixture(scope='module')
 def objects_folder(tmp_path_factory, small_package):  # noqa: F811
     """Real rendered object images with their masks: 3 train and 1 test image a class."""
-    from mst_mm.evidence.animal_shapes import write_object_images
+    from mst_research.data import write_object_images
     root = tmp_path_factory.mktemp('objects')
     write_object_images(str(root), test_per_class=1, package_dir=small_package)
     return root
@@ -149,8 +149,8 @@ def tiny_mst_checkpoint(path):
 
 
 def test_entry_point_on_a_tiny_folder_with_masks(tmp_path, objects_folder, capsys):
-    from mst_mm.evidence.patch_probe import masked_splits, probe_patches
-    from mst_mm.models.export import extract_backbone
+    from mst_mm.converters import extract_backbone
+    from mst_research.patch_probe import masked_splits, probe_patches
     from tests.helpers import load_tool
     config, cfg, mst = tiny_mst_checkpoint(tmp_path / 'mst.pth')
     tool = load_tool('tools/analysis/patch_probe.py')
@@ -196,8 +196,8 @@ def test_entry_point_on_a_tiny_folder_with_masks(tmp_path, objects_folder, capsy
 
 
 def test_validation_split_is_carved_from_the_training_images(objects_folder, monkeypatch):
-    from mst_mm.evidence import animal_shapes
-    from mst_mm.evidence.patch_probe import load_masked_images, masked_splits
+    from mst_research import data as animal_shapes
+    from mst_research.patch_probe import load_masked_images, masked_splits
     monkeypatch.setattr(animal_shapes, 'VAL_PER_CLASS', 1)   # 3 training images a class
     fit, val = masked_splits(str(objects_folder), validation=True)
     train = load_masked_images(str(objects_folder), 'train')
@@ -231,7 +231,7 @@ def validation_rows() -> list:
 def test_the_default_settings_are_the_validation_choice_the_docs_show():
     """The module's defaults are the committed candidate that the docs name as chosen, and the
     docs show every candidate as its file holds it."""
-    from mst_mm.evaluation.patch_probe import DEFAULT_LR, DEFAULT_SETTINGS
+    from mst_research.patch_probe import DEFAULT_LR, DEFAULT_SETTINGS
     from tests.helpers import REPO
     docs = (REPO / 'docs/evidence.md').read_text()
     rows = validation_rows()

@@ -113,11 +113,10 @@ def test_the_renderers_follow_the_files(tmp_path):
 def test_the_quick_start_shows_the_committed_demo_table():
     """docs/results/quick_start/summary.json is Quick-start command 1's summary on this
     project's CPU machine; the README shows its table as the tool prints it."""
-    from tests.helpers import load_tool
-    evidence = load_tool('tools/evidence.py')
+    from mst_research import report
     summary = json.loads((RESULTS / 'quick_start/summary.json').read_text())
     seeds = {v: len(summary['knn_top1'][v]) for v in ('dino', 'mst_guided_mask')}
-    table = evidence.format_table(summary, seeds)
+    table = report.format_table(summary, seeds)
     rows = [line for line in table.splitlines() if line.startswith('| ')]
     readme = (REPO / 'README.md').read_text()
     quick_start = readme[readme.index('## Quick start'):readme.index('## Status')]

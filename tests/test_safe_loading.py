@@ -118,3 +118,33 @@ def test_only_history_buffer_methods_pass_the_getattr_stand_in():
         _history_buffer_method(os, 'system')
     with pytest.raises(RuntimeError, match='Refusing'):
         _history_buffer_method(HistoryBuffer, '__init__')
+
+
+def test_a_url_is_downloaded_once_into_torch_hub_and_read_weights_only(tmp_path, loader,
+                                                                       monkeypatch):
+    """mmengine loads ``http(s)://`` checkpoints through torch.hub with pickle's full powers;
+    ours downloads the file into the hub cache and reads it as a local file."""
+    served = {'good.pth': training_checkpoint(tmp_path / 'good.pth'),
+              'evil.pth': str(tmp_path / 'evil.pth')}
+    marker = tmp_path / 'executed'
+    torch.save({'state_dict': {}, 'payload': RunsCode(marker)}, served['evil.pth'])
+    downloads = []
+
+    def fake_download(url, dst, *args, **kwargs):
+        downloads.append(url)
+        with open(served[os.path.basename(url)], 'rb') as src, open(dst, 'wb') as out:
+            out.write(src.read())
+
+    monkeypatch.setattr(torch.hub, 'download_url_to_file', fake_download)
+    monkeypatch.setattr(torch.hub, 'get_dir', lambda: str(tmp_path / 'hub'))
+    url = 'https://example.org/weights/good.pth'
+    for _ in range(2):
+        assert torch.equal(read_checkpoint(url)['state_dict']['w'], torch.ones(2))
+    assert downloads == [url]
+    assert (tmp_path / 'hub' / 'checkpoints' / 'good.pth').is_file()
+    evil = tmp_path / 'hub' / 'checkpoints' / 'evil.pth'
+    with pytest.raises(CheckpointError, match=f'Refusing to load {evil}: it names the global'):
+        read_checkpoint('http://example.org/evil.pth')
+    assert not marker.exists()
+    with pytest.raises(CheckpointError, match='Download it and give the local path'):
+        read_checkpoint('open-mmlab://resnet50_caffe')

@@ -1,8 +1,6 @@
-"""The evidence run's supervised row (mst_mm/evidence/supervised.py): the evidence ViT trained
+"""The evidence run's supervised row (mst_research.recipes): the evidence ViT trained
 with labels on a tiny class-folder set, then embedded as the probe embeds an MST teacher."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -10,7 +8,7 @@ import torch
 from mmengine.config import Config
 from PIL import Image
 
-from mst_mm.evidence.supervised import load_supervised_backbone, supervised_config, train_supervised
+from mst_research.recipes import load_supervised_backbone, supervised_config, train_supervised
 from tests.helpers import REPO, scalars
 
 VIT_CONFIG = str(REPO / 'configs' / 'mst' / 'mst_vit-tiny-p4_1xb64-coslr-6e_animals.py')
@@ -108,8 +106,8 @@ def test_every_backbone_weight_moved_from_its_initialisation(trained):
 def test_the_loaded_backbone_embeds_as_the_probe_does(trained):
     from mmpretrain.registry import MODELS
 
-    from mst_mm.evidence.frozen_features import image_batches, load_class_folders
     from mst_mm.models.algorithms.feature_embedder import embed_images
+    from mst_research.data import image_batches, load_class_folders
     cfg, root, work_dir, checkpoint = trained
     backbone, mean, std = load_supervised_backbone(checkpoint, cfg)
     assert not backbone.training and type(backbone).__name__ == 'MaskViT'
@@ -165,12 +163,3 @@ def test_a_cut_run_resumes_from_its_last_epoch(tmp_path, monkeypatch):
     # Each step once: epochs 1-2 in the cut run, epoch 3 alone in the resumed one.
     assert [r['step'] for r in scalars(work_dir, all_runs=True) if 'loss' in r] == \
         list(range(1, 10))
-
-
-@pytest.mark.slow
-def test_import_mst_mm_leaves_the_evidence_code_out():
-    code = ('import sys, mst_mm; '
-            "print(sorted(m for m in sys.modules if m.startswith('mst_mm.evidence')))")
-    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                            cwd=REPO, check=True)
-    assert result.stdout.strip() == '[]'

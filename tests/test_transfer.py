@@ -18,8 +18,8 @@ from mmpretrain.registry import MODELS
 
 import mst_mm  # noqa: F401
 from mst_mm.errors import UserInputError
-from mst_mm.evidence.animal_shapes import write_scenes
-from mst_mm.evidence.transfer import TRANSFER_METRICS, FrozenBackbone, finetune
+from mst_research.data import write_scenes
+from mst_research.transfer import TRANSFER_METRICS, FrozenBackbone, finetune
 from tests.helpers import REPO, scalars
 
 SWIN_CONFIG = REPO / 'configs/mst/mst_swin-nano-p4-w4_1xb64-coslr-6e_animals.py'

@@ -11,14 +11,9 @@ from mmengine.runner import Runner
 from mmpretrain.registry import MODELS
 
 import mst_mm  # noqa: F401
-from mst_mm.visualization import (
-    draw_evidence_figure,
-    draw_rows,
-    mst_picture_row,
-    plot_evidence_figure,
-    upsample_patches,
-)
+from mst_mm.visualization import draw_rows, mst_picture_row, upsample_patches
 from mst_mm.visualization.mst_pictures import colour_spread, is_grey
+from mst_research.report import draw_evidence_figure, plot_evidence_figure
 from tests.helpers import DEMO_CONFIG, load_tool, make_image_folder, tiny_runner_cfg
 
 

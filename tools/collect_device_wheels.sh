@@ -1,24 +1,22 @@
 #!/usr/bin/env bash
-# Collects the wheels that a lent GPU machine needs to run this project, for
-# `bash tools/check_gpu.sh --wheels DIR` there. Run it here, on a machine that reaches the
-# package index; the GPU machine has no network.
+# Collects the wheels that an air-gapped GPU node needs to run this project, for
+# `bash tools/check_gpu.sh --wheels DIR` there. Run it on a machine that reaches the
+# package index; the node has none.
 #
 #   bash tools/collect_device_wheels.sh [--dest DIR] [--python-version X.Y] [--max-mib N]
 #
 #   --dest DIR              where the wheels go (default: work_dirs/device_wheels, ignored by
-#                           git, so it travels only when the device call's `carry` names it)
+#                           git: copy it to the node with the checkout)
 #   --python-version X.Y    the GPU machine's Python (default: 3.12, as last read there)
-#   --max-mib N             refuse a folder larger than N MiB (default: 60; the device tool
-#                           carries at most 64 MiB a call, the repository included)
+#   --max-mib N             refuse a folder larger than N MiB (default: 60)
 #
-# The GPU machine already has torch 2.11 (CUDA 13), torchvision, numpy 2, timm, scipy,
-# scikit-image, scikit-learn, matplotlib, opencv-python-headless, rich, regex, pyyaml,
-# pytest (docs/install.md, "GPU machines"; the device README's package list). What it lacks
-# is the OpenMMLab stack, which is pure Python except for two small compiled deps
+# The node is expected to have its own torch (CUDA), torchvision, numpy, timm, scipy,
+# scikit-image, scikit-learn, matplotlib, opencv-python-headless, rich, regex, pyyaml and
+# pytest (docs/install.md, "An air-gapped GPU node"). What it lacks is the OpenMMLab stack, which is pure Python except for two small compiled deps
 # (pycocotools, shapely: cp312 manylinux wheels), and a few small pure deps. mmcv comes as
 # mmcv-lite: no compiled ops, so mmdet's Mask R-CNN and mmseg cannot run there (check_gpu.sh
 # skips them and says so). Every version is pinned here so that the GPU run is reproducible;
-# torch, torchvision and numpy are never collected (the machine's own CUDA builds are used).
+# torch, torchvision and numpy are never collected (the node's own CUDA builds are used).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -108,4 +106,4 @@ if [ "$mib" -gt "$MAX_MIB" ]; then
 fi
 log "$count wheels, $bytes bytes ($mib MiB) in $DEST, in $((SECONDS - start)) s"
 echo "$mib MiB"
-log "on the GPU machine: bash tools/check_gpu.sh --wheels ${DEST#"$ROOT"/} (carry that folder)"
+log "on the GPU node: bash tools/check_gpu.sh --wheels ${DEST#"$ROOT"/} (copy that folder there)"

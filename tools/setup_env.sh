@@ -65,6 +65,7 @@ MMCV_VERSION="$(sed -n 's/^mmcv==\([0-9.]*\).*/\1/p' "$ROOT/requirements/mmcv.tx
 
 inputs_hash() {
   cat "$ROOT"/requirements/*.txt ${STACK:+"$STACK"} "$ROOT/setup.py" "$ROOT/tools/setup_env.sh" \
+    "$ROOT/projects/mst_research/pyproject.toml" \
     | sha256sum | cut -d' ' -f1
 }
 stamp_field() { [ -f "$STAMP" ] && sed -n "s/^$1 //p" "$STAMP" || true; }
@@ -226,6 +227,8 @@ pip_install -c "$CONSTRAINTS" "$MMCV_SPEC" \
   -r "$WORK/mminstall.txt" -r "$WORK/runtime.txt" -r "$WORK/tests.txt"
 log "mst_mm (editable)"
 pip_install -c "$CONSTRAINTS" --no-build-isolation --no-deps -e "$ROOT"
+log "mst_research, the research kit (editable; not part of mst_mm's wheel)"
+pip_install --no-build-isolation --no-deps -e "$ROOT/projects/mst_research"
 
 CHECK_ARGS=()
 [ "$FLAVOUR" = ops ] && CHECK_ARGS+=(--ops)

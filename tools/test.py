@@ -18,14 +18,11 @@ status 2.
 import argparse
 import os
 import os.path as osp
-import sys
 
 from mmengine.config import Config
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
-
-from mst_mm.engine import CheckedRunner  # noqa: E402  (also registers mst_mm's modules)
-from mst_mm.engine.cli import (  # noqa: E402
+from mst_mm.engine import CheckedRunner  # (also registers mst_mm's modules)
+from mst_mm.engine.cli import (
     add_cfg_options_argument,
     check_test_config,
     merge_cfg_options,

@@ -19,17 +19,13 @@ before training with one message that names it and the fix, and exit status 2.
 import argparse
 import os
 import os.path as osp
-import sys
 
 from mmengine.config import Config
 from mmengine.utils import digit_version
 from mmengine.utils.dl_utils import TORCH_VERSION
 
-# Running as `python tools/train.py` from a source checkout must work without an install.
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
-
-from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool  # noqa: E402
-from mst_mm.engine.safe_loading import check_training_checkpoint  # noqa: E402
+from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool
+from mst_mm.engine.safe_loading import check_training_checkpoint
 
 
 def parse_args(argv=None) -> argparse.Namespace:

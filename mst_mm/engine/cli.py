@@ -12,8 +12,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
+from mmpretrain.registry import MODELS
 
 from mst_mm.errors import UserInputError
+
+from .safe_loading import read_checkpoint
 
 _KEY = re.compile(r'^[A-Za-z_]\w*(\.\w+)*$')  # names joined by dots, list items by index
 _FORM = ('each option is KEY=VALUE with no spaces around "=", e.g. model.mask_cfg.p=0.1; '
@@ -154,7 +157,6 @@ def _backbone_width(backbone: dict) -> Optional[int]:
     if isinstance(arch, dict) or 'embed_dims' in backbone:
         return (arch if isinstance(arch, dict) else backbone).get('embed_dims')
     try:
-        from mmpretrain.registry import MODELS
         return MODELS.get(backbone['type']).arch_zoo[arch]['embed_dims']
     except Exception:  # an unknown type or arch: the width is not known
         return None
@@ -165,7 +167,6 @@ def _checkpoint_width(checkpoint: str) -> Optional[int]:
     if not osp.isfile(checkpoint):
         return None
     try:
-        from mst_mm.engine.safe_loading import read_checkpoint
         state = read_checkpoint(checkpoint, map_location='cpu', mmap=True)
         state = state.get('state_dict', state)
         return int(state['backbone.patch_embed.projection.weight'].shape[0])

@@ -4,6 +4,7 @@ import _compat_pickle
 import codecs
 import io
 import logging
+import os
 import os.path as osp
 import pickle
 import pickletools
@@ -13,20 +14,22 @@ import zipfile
 from collections import Counter, OrderedDict
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Dict, List, Optional, Sequence
+from urllib.parse import urlparse
 
 import numpy as np
 import torch
 import torch.nn as nn
 from mmengine.config import Config
+from mmengine.dist import get_dist_info
 from mmengine.logging import HistoryBuffer, print_log
 from mmengine.model.weight_init import PretrainedInit, update_init_info
 from mmengine.registry import WEIGHT_INITIALIZERS
-from mmengine.runner import CheckpointLoader, Runner
+from mmengine.runner import Runner
 from mmpretrain.registry import RUNNERS
 from mmpretrain.utils import get_ori_model
 
 from mst_mm.compat import HAS_SAFE_GLOBALS, get_safe_globals
-from mst_mm.errors import CheckpointError
+from mst_mm.errors import CheckpointError, some_keys
 
 __all__ = ['CheckedPretrainedInit', 'CheckedRunner', 'build_runner', 'check_training_checkpoint',
            'load_checked', 'read_checkpoint']
@@ -164,15 +167,19 @@ def _pickled_globals(data: bytes) -> List[str]:
 def read_checkpoint(filename: str, map_location: Any = None, mmap: bool = False,
                     allow: Sequence[Any] = ()) -> Any:
     """Weights-only ``torch.load`` with mmengine's globals (and ``allow``'s) allowed in this
-    call only; URLs: mmengine. A pickle that names any other global is refused, naming it.
+    call only. A pickle that names any other global is refused, naming it.
 
     On a torch with ``safe_globals`` (2.5 and later) torch's weights-only unpickler reads the
     file with the allow-list added for this call; on an older torch a restricted unpickler
     that finds exactly the same globals does. Nothing changes for the rest of the process.
+    An ``http(s)://`` checkpoint is downloaded into torch's hub cache first, where mmengine
+    keeps it too (mmengine itself loads URLs with pickle's full powers).
     """
-    if '://' in filename:
-        with _allow_for_this_load(allow):
-            return CheckpointLoader.load_checkpoint(filename, map_location=map_location)
+    if filename.startswith(('http://', 'https://')):
+        filename = _download(filename)
+    elif '://' in filename:
+        raise CheckpointError(f'Cannot read {filename}: only local files and http(s):// URLs '
+                              'are read weights-only. Download it and give the local path.')
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
         raise CheckpointError(f'Checkpoint {filename} does not exist.')
@@ -205,6 +212,19 @@ def read_checkpoint(filename: str, map_location: Any = None, mmap: bool = False,
         raise CheckpointError(f'Cannot read checkpoint {filename}: {why} '
                               f'({type(error).__name__}: {reason}). Use another checkpoint '
                               '(an earlier epoch_N.pth or a fresh copy).') from None
+
+
+def _download(url: str) -> str:
+    """The local copy of ``url`` in torch's hub cache (``TORCH_HOME``), downloaded once; in
+    a distributed run rank 0 downloads while the others wait."""
+    cached = osp.join(torch.hub.get_dir(), 'checkpoints', osp.basename(urlparse(url).path))
+    rank, world_size = get_dist_info()
+    if rank == 0 and not osp.isfile(cached):
+        os.makedirs(osp.dirname(cached), exist_ok=True)
+        torch.hub.download_url_to_file(url, cached)
+    if world_size > 1:
+        torch.distributed.barrier()
+    return cached
 
 
 def _allow_for_this_load(allow: Sequence[Any] = ()) -> AbstractContextManager:
@@ -241,10 +261,6 @@ def check_training_checkpoint(filename: str) -> None:
             f'run from these weights, drop --resume and pass --cfg-options load_from={filename}.')
 
 
-def _show(keys: Sequence[str], limit: int = 6) -> str:
-    return ', '.join(sorted(keys)[:limit]) + (', ...' if len(keys) > limit else '')
-
-
 def load_checked(module: nn.Module, state_dict: dict, source: str, what: str, fix: str,
                  allow_partial: bool = False, partial_hint: str = '', strict: bool = False):
     """``module.load_state_dict``, refusing weights of ``what`` left random (``allow_partial``:
@@ -264,11 +280,12 @@ def load_checked(module: nn.Module, state_dict: dict, source: str, what: str, fi
     for head, tail in (k.split('.', 1) if '.' in k else ('', k) for k in missing):
         groups.setdefault(head, []).append(tail)
     summary = '; '.join(f'{name or "top level"}: {len(names)} of {sizes[name]} tensors '
-                        f'({_show(names, 5)})' for name, names in groups.items())
+                        f'({some_keys(sorted(names), 5)})' for name, names in groups.items())
+    held = some_keys(sorted(result.unexpected_keys), 6) or 'no tensors'
     if len(missing) == len(expected):
         raise CheckpointError(f'{source} provides none of the {len(expected)} weights of {what}, '
                               f'which would stay randomly initialised: missing {summary}. The '
-                              f'file holds {_show(result.unexpected_keys) or "no tensors"}. It '
+                              f'file holds {held}. It '
                               f'is not a checkpoint of this model. {fix}')
     message = (f'{source} provides {len(expected) - len(missing)} of the {len(expected)} weights '
                f'of {what}; not loaded, so left randomly initialised: {summary}.')
@@ -308,7 +325,8 @@ class CheckedPretrainedInit(PretrainedInit):
             selected = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
             if not selected:
                 raise CheckpointError(f'{self.checkpoint} has no weights under the prefix '
-                                      f'{prefix!r}; its keys: {_show(state_dict)}. {fix}')
+                                      f'{prefix!r}; its keys: '
+                                      f'{some_keys(sorted(state_dict), 6)}. {fix}')
             state_dict = selected
         load_checked(module, state_dict, self.checkpoint, what, fix, self.allow_partial,
                      'To load what matches and keep the rest random, add allow_partial=True '

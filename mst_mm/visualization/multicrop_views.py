@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from mmengine.config import Config
 from mmengine.registry import FUNCTIONS, DefaultScope
+from mmengine.runner import set_random_seed
+from mmpretrain.registry import DATASETS, MODELS
 
 from ..errors import UserInputError
 
@@ -47,10 +49,6 @@ def multicrop_views(cfg: Config, num_images: int = 4, seed: Optional[int] = 0
         list[np.ndarray]: One (num_images, h, w, 3) uint8 RGB array per view, in the order
         the model receives them (the global views first).
     """
-    from mmpretrain.registry import DATASETS, MODELS
-
-    import mst_mm  # noqa: F401  (registers the datasets, transforms and preprocessors)
-
     if num_images < 1:
         raise UserInputError(f'num_images must be at least 1, got {num_images}.')
     loader_cfg = cfg.get('train_dataloader')
@@ -58,7 +56,6 @@ def multicrop_views(cfg: Config, num_images: int = 4, seed: Optional[int] = 0
         raise UserInputError('The config has no train_dataloader.dataset: browse_dataset shows '
                              "a pretraining config's training views.")
     if seed is not None:
-        from mmengine.runner import set_random_seed
         set_random_seed(seed)
     # The pipelines' transforms (mmcv's, mmpretrain's, ours) resolve in the config's scope.
     with DefaultScope.overwrite_default_scope(cfg.get('default_scope', 'mmpretrain')):

@@ -15,13 +15,10 @@ config puts them there), with the normalisation undone.
 import argparse
 import os
 import os.path as osp
-import sys
 
 from mmengine.config import Config
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
-
-from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool  # noqa: E402
+from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool
 
 
 def parse_args(argv=None) -> argparse.Namespace:

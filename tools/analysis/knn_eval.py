@@ -25,18 +25,14 @@ import argparse
 import json
 import os
 import os.path as osp
-import sys
 
 from mmengine.config import Config
-
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+from mmengine.dist import is_main_process
 
 # Importing mst_mm (through mst_mm.engine) registers its modules.
-from mmengine.dist import is_main_process  # noqa: E402
-
-from mst_mm.engine import CheckedRunner, init_cpu_distributed  # noqa: E402
-from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool  # noqa: E402
-from mst_mm.errors import CheckpointError  # noqa: E402
+from mst_mm.engine import CheckedRunner, init_cpu_distributed
+from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool
+from mst_mm.errors import CheckpointError
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -19,29 +19,26 @@ DIR holds ``train/<class>/*.png``, ``test/<class>/*.png`` and their object masks
 root (with ``objects/``) is accepted too. A linear layer on the frozen last-layer patch
 tokens is trained on the training images' patches, labelled background or the image's
 class, and scored on the test images as mIoU over background and the classes
-(``mst_mm/evaluation/patch_probe.py`` says how).
+(``mst_research.patch_probe`` says how).
 """
 import argparse
 import json
 import os
 import os.path as osp
-import sys
 
 from mmengine.config import Config
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
-
-import mst_mm  # noqa: E402,F401  (registers MaskViT)
-from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool  # noqa: E402
-from mst_mm.errors import CheckpointError, UserInputError  # noqa: E402
-from mst_mm.evaluation.patch_probe import (  # noqa: E402
+from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool
+from mst_mm.errors import CheckpointError, UserInputError
+from mst_research.patch_probe import (
     DEFAULT_LR,
     DEFAULT_SETTINGS,
     NORMALIZATIONS,
     OPTIMIZERS,
     load_frozen_backbone,
+    masked_splits,
+    probe_patches,
 )
-from mst_mm.evidence.patch_probe import masked_splits, probe_patches  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

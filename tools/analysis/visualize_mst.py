@@ -19,7 +19,8 @@ import mmcv
 import torch
 from mmengine.config import Config
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+from mst_mm.converters import load_model
+from mst_mm.visualization import load_image, mst_picture_row, render_rows
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -80,15 +81,8 @@ def output_names(images: list) -> list:
 
 def main(argv=None) -> list:
     args = parse_args(argv)
-    from mmpretrain.registry import MODELS
-
-    from mst_mm.engine import read_checkpoint  # also registers MST
-    from mst_mm.visualization import load_image, mst_picture_row, render_rows
-
     cfg = Config.fromfile(args.config)
-    model = MODELS.build(cfg.model)
-    checkpoint = read_checkpoint(args.checkpoint, map_location='cpu')  # weights-only
-    model.load_state_dict(checkpoint.get('state_dict', checkpoint), strict=True)
+    model = load_model(cfg, args.checkpoint)  # weights-only, strict
     size = args.size or cfg.model.backbone.img_size
     os.makedirs(args.out_dir, exist_ok=True)
     written, rows = [], []

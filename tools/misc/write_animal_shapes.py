@@ -4,13 +4,13 @@
 
 writes ``OUT/objects`` (8,000 train and 2,000 test 32 x 32 images, ``<split>/<class>/*.png``,
 with the object masks in ``<split>_masks.npz``) and ``OUT/scenes`` (COCO annotations and mmseg
-label maps); see ``mst_mm/evidence/animal_shapes.py``. Both are fixed by ``--seed`` and kept
+label maps); see ``mst_research.data``. Both are fixed by ``--seed`` and kept
 when already written with the same settings.
 """
 import argparse
 import os.path as osp
 
-from mst_mm.evidence.animal_shapes import write_object_images, write_scenes
+from mst_research.data import write_object_images, write_scenes
 
 
 def main() -> None:

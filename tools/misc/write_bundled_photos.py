@@ -3,11 +3,11 @@
     python tools/misc/write_bundled_photos.py data/bundled_photos --num-images 2048
 
 The folder trains with any pretraining config by pointing ``data_root`` at it; see
-``mst_mm/evidence/bundled_photos.py`` for what it is (and is not) good for.
+``mst_research.data.write_photo_crops`` for what it is (and is not) good for.
 """
 import argparse
 
-from mst_mm.evidence.bundled_photos import write_photo_crops
+from mst_research.data import write_photo_crops
 
 
 def main() -> None:

@@ -30,20 +30,16 @@ The file is read weights-only (``mst_mm.engine.read_checkpoint``): a pickle that
 code is refused before anything in it is used, and a truncated or unreadable file is named
 with what is wrong with it. A backbone that does not fit the config is refused with its keys
 and shapes. Every refusal ends the command with one message and exit status 2. The
-conversion itself is the package's (``mst_mm.models.dino_import``).
+conversion itself is the package's (``mst_mm.converters.dino``).
 """
 import argparse
 import os.path as osp
-import sys
 from typing import Dict
 
 import torch
 
-# Running as `python tools/...` from a source checkout must work without an install.
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
-
-from mst_mm.engine.cli import add_cfg_options_argument, run_tool  # noqa: E402
-from mst_mm.models.dino_import import convert_dino_checkpoint  # noqa: E402
+from mst_mm.converters import convert_dino_checkpoint
+from mst_mm.engine.cli import add_cfg_options_argument, run_tool
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEFAULT_CONFIG = 'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py'

@@ -29,32 +29,20 @@ keys named. The checkpoint is read weights-only (``mst_mm.engine.read_checkpoint
 pickle that would run code is refused before anything in it is used, and a truncated or
 unreadable file is named with what is wrong with it. Every refusal ends the command with
 one message and exit status 2. The conversion itself is the package's
-(``mst_mm.models.export``), which ``mst_mm.evidence.transfer.finetune`` uses too.
+(``mst_mm.converters.downstream``).
 """
 import argparse
 import os
 import os.path as osp
-import sys
 from typing import Dict
 
 import torch
 
-# Running as `python tools/...` from a source checkout must work without an install.
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
-
-from mst_mm.engine.cli import run_tool  # noqa: E402
-from mst_mm.errors import UserInputError  # noqa: E402
-from mst_mm.models.export import (  # noqa: E402
-    DOWNSTREAM_TARGETS,
-    PRETRAIN_ONLY_KEYS,
-    SOURCE_PREFIXES,
-    backbone_kind,
-    convert_for_downstream,
-    extract_backbone,
-    load_training_checkpoint,
-    mst_to_dino,
-    vit_to_timm,
-)
+from mst_mm.converters import convert_for_downstream, extract_backbone, mst_to_dino, vit_to_timm
+from mst_mm.converters.downstream import DOWNSTREAM_TARGETS, backbone_kind, load_training_checkpoint
+from mst_mm.engine.cli import run_tool
+from mst_mm.errors import UserInputError
+from mst_mm.models.algorithms.mst import BACKBONE_PREFIXES, PRETRAIN_ONLY_KEYS
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 # The default downstream config of each target (--config overrides it).
@@ -91,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         'and teacher, backbone and head, and the centre, as DINO\'s full '
                         'checkpoints (for DINO\'s eval_knn.py / eval_linear.py with '
                         '--checkpoint_key teacher)')
-    parser.add_argument('--weights', default='teacher', choices=sorted(SOURCE_PREFIXES),
+    parser.add_argument('--weights', default='teacher', choices=sorted(BACKBONE_PREFIXES),
                         help='the EMA teacher (default, as DINO evaluates) or the student '
                         '(--target dino writes both)')
     parser.add_argument('--config', help='mmdet / mmseg: downstream config whose backbone '

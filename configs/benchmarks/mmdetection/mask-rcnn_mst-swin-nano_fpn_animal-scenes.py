@@ -2,11 +2,11 @@
 # tools/evidence.py), from the MaskSwin-nano of
 # configs/mst/mst_swin-nano-p4-w4_1xb64-coslr-6e_animals.py. The scenes are 64 x 64 grey
 # canvases with 1-4 animals covering 4-12 % of the canvas each (13-22 px across), written by
-#   python -c "from mst_mm.evidence.animal_shapes import write_scenes; \
+#   python -c "from mst_research.data import write_scenes; \
 #              write_scenes('data/animal_shapes/scenes')"
 # mmdet's Swin-T Mask R-CNN config, scaled to a CPU: the nano backbone, narrower FPN and heads,
 # fewer proposals and RoI samples, and 400 iterations of 4 scenes (4 epochs of the 400 train
-# scenes). mst_mm.evidence.transfer.finetune runs it in about 3.5 minutes with validation on
+# scenes). mst_research.transfer.finetune runs it in about 3.5 minutes with validation on
 # one CPU core (215 s measured beside other jobs); from random init box / mask mAP
 # 0.095 / 0.099 (seed 0).
 #

@@ -2,11 +2,11 @@
 # from the ViT-tiny of configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py (48 channels,
 # 4 layers, 3 heads, 4-px patches, pretrained on 32-px crops). The scenes are 64 x 64 grey
 # canvases with 1-4 animals; their label maps hold 0 = background and 1-10 = the animals:
-#   python -c "from mst_mm.evidence.animal_shapes import write_scenes; \
+#   python -c "from mst_research.data import write_scenes; \
 #              write_scenes('data/animal_shapes/scenes')"
 # mmseg's stock SETR-Naive with ViT-L's dimensions replaced by the ViT-tiny's, BN for SyncBN
 # (one CPU process), 32-channel heads, a down-weighted background class and 500 iterations of
-# 8 scenes (10 epochs of the 400 train scenes). mst_mm.evidence.transfer.finetune runs it in
+# 8 scenes (10 epochs of the 400 train scenes). mst_research.transfer.finetune runs it in
 # about 2.5 minutes with validation on one CPU core (159 s measured beside other jobs); from
 # random init mIoU 12.2 (seed 0: background IoU 96, the animal classes 0-11).
 #

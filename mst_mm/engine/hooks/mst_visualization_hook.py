@@ -5,6 +5,8 @@ from mmengine.hooks import Hook
 from mmpretrain.registry import HOOKS
 from mmpretrain.utils import get_ori_model
 
+from ...visualization import mst_picture_row, render_rows
+
 
 @HOOKS.register_module()
 class MSTVisualizationHook(Hook):
@@ -19,8 +21,6 @@ class MSTVisualizationHook(Hook):
                          outputs=None) -> None:
         if data_batch is None or not self.every_n_train_iters(runner, self.interval):
             return
-        from mst_mm.visualization import mst_picture_row, render_rows
-
         model = get_ori_model(runner.model)
         crops = model.data_preprocessor(data_batch, False)['inputs'][0]
         rows = [mst_picture_row(model, crop) for crop in crops[:self.num_images]]

@@ -1,4 +1,5 @@
 from .feature_embedder import FeatureEmbedder
-from .mst import DINO_MODE, MST
+from .mst import BACKBONE_PREFIXES, DINO_MODE, MST, NECK_PREFIXES, PRETRAIN_ONLY_KEYS
 
-__all__ = ['DINO_MODE', 'FeatureEmbedder', 'MST']
+__all__ = ['BACKBONE_PREFIXES', 'DINO_MODE', 'FeatureEmbedder', 'MST', 'NECK_PREFIXES',
+           'PRETRAIN_ONLY_KEYS']

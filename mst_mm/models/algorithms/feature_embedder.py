@@ -12,7 +12,7 @@ from mmengine.model import BaseModel
 from mmpretrain.registry import MODELS
 from mmpretrain.structures import DataSample
 
-TEACHER_BACKBONE = 'teacher.module.0.'
+from .mst import BACKBONE_PREFIXES, PRETRAIN_ONLY_KEYS
 
 
 def _forward_normalised(backbone: nn.Module, batches: Iterable[torch.Tensor],
@@ -91,12 +91,13 @@ class FeatureEmbedder(BaseModel):
 
     def _select_mst_backbone(self, state_dict: dict, prefix: str, *args) -> None:
         """Keep only the chosen backbone of an MST checkpoint, renamed to ``backbone.``."""
-        source = prefix + (TEACHER_BACKBONE if self.weights == 'teacher' else 'backbone.')
-        if not any(k.startswith(prefix + TEACHER_BACKBONE) for k in state_dict):
+        source = prefix + BACKBONE_PREFIXES[self.weights]
+        if not any(k.startswith(prefix + BACKBONE_PREFIXES['teacher']) for k in state_dict):
             return  # not an MST checkpoint: load as it is
         selected = {prefix + 'backbone.' + k[len(source):]: v
                     for k, v in state_dict.items() if k.startswith(source)}
-        selected.pop(prefix + 'backbone.mask_token', None)
+        for key in PRETRAIN_ONLY_KEYS:
+            selected.pop(prefix + 'backbone.' + key, None)
         state_dict.clear()
         state_dict.update(selected)
 

@@ -15,6 +15,13 @@ from ..backbones import MSTFeatures
 from ..utils import FusedCosineEMA, attention_mask, check_mask_args
 from ..utils.channel_check import ChannelMismatchError, channel_mismatches
 
+#: Where an MST state dict keeps each network: ``teacher`` is the EMA wrapper (backbone,
+#: neck), so checkpoint readers and converters take these prefixes from here.
+BACKBONE_PREFIXES = {'teacher': 'teacher.module.0.', 'student': 'backbone.'}
+NECK_PREFIXES = {'teacher': 'teacher.module.1.', 'student': 'neck.'}
+#: Parameters that only pretraining uses: the student's [MASK] token.
+PRETRAIN_ONLY_KEYS = ('mask_token', )
+
 #: Model overrides that turn an MST config into its DINO baseline: no mask, no decoder.
 DINO_MODE = dict(mask_cfg=dict(mode='none'), decoder_head=None)
 

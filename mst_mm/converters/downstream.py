@@ -3,8 +3,7 @@
 mmpretrain or timm names (as DINO ships its ViTs), or the backbone checkpoint of an mmdet or
 mmseg config. mmdet and mmseg load backbones with ``strict=False`` and say nothing about
 unmatched keys, so every converted key is checked against the backbone the config builds.
-The core of ``tools/model_converters/mst2downstream.py``, shared with
-:func:`mst_mm.evidence.transfer.finetune` and the tests.
+The core of ``tools/model_converters/mst2downstream.py``.
 """
 import copy
 import math
@@ -16,12 +15,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
+from mmpretrain.models.utils import resize_pos_embed as mmpretrain_resize_pos_embed
 
-from mst_mm.errors import CheckpointError, UserInputError
+from mst_mm.engine.safe_loading import read_checkpoint
+from mst_mm.errors import CheckpointError, UserInputError, some_keys
+from mst_mm.models.algorithms.mst import NECK_PREFIXES, PRETRAIN_ONLY_KEYS
 
-SOURCE_PREFIXES = {'teacher': 'teacher.module.0.', 'student': 'backbone.'}
-# Parameters that only pretraining uses: the [MASK] token of the student.
-PRETRAIN_ONLY_KEYS = ('mask_token', )
+from .checkpoint import extract_backbone
 
 # mmpretrain VisionTransformer <-> timm VisionTransformer. Both keep q, k, v stacked in one
 # Linear in the same order, and the class token first in pos_embed, so only names change.
@@ -64,28 +64,6 @@ def _rename(state: Dict[str, torch.Tensor], table) -> Tuple[Dict[str, torch.Tens
         else:
             unknown.append(key)
     return renamed, unknown
-
-
-def extract_backbone(state_dict: Dict[str, torch.Tensor], weights: str = 'teacher',
-                     source: str = 'the checkpoint') -> Dict[str, torch.Tensor]:
-    """The ``'teacher'`` (EMA) or ``'student'`` backbone of an MST ``state_dict``, with
-    mmpretrain names and without pretraining-only keys; ``source`` names it in errors.
-
-    ``'student'`` reads the ``backbone.*`` keys, which any mmpretrain model has: an MST
-    student, or the backbone of a supervised ``ImageClassifier`` of the same network.
-    """
-    if weights not in SOURCE_PREFIXES:
-        raise UserInputError(f'weights must be one of {sorted(SOURCE_PREFIXES)}, '
-                              f'got {weights!r}.')
-    prefix = SOURCE_PREFIXES[weights]
-    if not any(k.startswith(prefix) for k in state_dict):
-        raise CheckpointError(
-            f"{source} is not an MST training checkpoint: it has no '{prefix}*' keys (the "
-            f"{'EMA teacher' if weights == 'teacher' else 'student'}'s backbone). Give the "
-            '.pth that tools/train.py wrote for an MST config, e.g. '
-            'work_dirs/mst_deit-s-p16_8xb128-coslr-300e_in1k/epoch_300.pth.')
-    return {k[len(prefix):]: v for k, v in state_dict.items()
-            if k.startswith(prefix) and k[len(prefix):] not in PRETRAIN_ONLY_KEYS}
 
 
 def backbone_kind(backbone: Dict[str, torch.Tensor]) -> str:
@@ -132,16 +110,11 @@ def timm_to_vit(backbone: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     if unknown:
         raise CheckpointError(
             "The weights do not have the layout of timm's VisionTransformer (DINO's ViT): "
-            f"tensors without a counterpart in MST's ViT: {_first(sorted(unknown))}. Only "
+            f"tensors without a counterpart in MST's ViT: {some_keys(sorted(unknown))}. Only "
             'ViTs with a class token, a final norm and no layer scale or register tokens '
             "convert (DINO's ViT-S/16 and ViT-B/16, timm's vit_small_patch16_224 and "
             'vit_base_patch16_224).')
     return renamed
-
-
-def _first(keys: List[str], limit: int = 8) -> str:
-    """At most ``limit`` names, and how many there are in all."""
-    return ', '.join(keys[:limit]) + (f' ... ({len(keys)} in all)' if len(keys) > limit else '')
 
 
 # DINO's head (facebookresearch/dino DINOHead) and our DINONeck share the MLP's index layout
@@ -195,7 +168,7 @@ def mst_to_dino(state_dict: Dict[str, torch.Tensor],
         raise UserInputError(f"DINO's format holds ViTs, but {source} holds an MST Swin "
                              'backbone: use --target mmpretrain (or mmdet for Mask R-CNN).')
     necks = {name: {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-             for name, prefix in (('student', 'neck.'), ('teacher', 'teacher.module.1.'))}
+             for name, prefix in NECK_PREFIXES.items()}
     if not necks['student'] or not necks['teacher'] or 'head.center' not in state_dict:
         raise CheckpointError(f'{source} has no DINO head (neck.*, teacher.module.1.*) or '
                               'no centre (head.center): it is not an MST checkpoint of a '
@@ -236,8 +209,6 @@ def load_training_checkpoint(checkpoint: str, out: str) -> dict:
     if osp.abspath(out) == osp.abspath(checkpoint):
         raise UserInputError(f'OUT is the input checkpoint {checkpoint}: choose another path, '
                               'the converted file holds only the backbone.')
-    # Imported here: models/ does not import engine/ when the package is imported.
-    from mst_mm.engine.safe_loading import read_checkpoint
     loaded = read_checkpoint(checkpoint, map_location='cpu')
     if not isinstance(loaded, dict) or 'state_dict' not in loaded:
         raise CheckpointError(f'{checkpoint} is not an MST training checkpoint: expected a dict '
@@ -275,13 +246,13 @@ def build_target_backbone(config: Config, target: str) -> torch.nn.Module:
 def resize_pos_embed(pos_embed: torch.Tensor, target_shape: torch.Size,
                      mode: str) -> torch.Tensor:
     """Resize a (1, 1 + h * w, C) embedding with a CLS token to ``target_shape``."""
-    from mmpretrain.models.utils import resize_pos_embed as resize
     src = int(math.isqrt(pos_embed.shape[1] - 1))
     dst = int(math.isqrt(target_shape[1] - 1))
     if src * src + 1 != pos_embed.shape[1] or dst * dst + 1 != target_shape[1]:
         raise CheckpointError(f'Cannot resize pos_embed {tuple(pos_embed.shape)} to '
                               f'{tuple(target_shape)}: only square patch grids are supported.')
-    return resize(pos_embed, (src, src), (dst, dst), mode=mode, num_extra_tokens=1)
+    return mmpretrain_resize_pos_embed(pos_embed, (src, src), (dst, dst), mode=mode,
+                                       num_extra_tokens=1)
 
 
 def match_target(converted: Dict[str, torch.Tensor], target_model: torch.nn.Module,
@@ -316,12 +287,11 @@ def match_target(converted: Dict[str, torch.Tensor], target_model: torch.nn.Modu
                         for k in set(expected) & set(converted)
                         if converted[k].shape != expected[k].shape)
     if missing or unexpected or mismatched:
-        def show(keys):
-            return ', '.join(keys[:8]) + (f' ... ({len(keys)} in all)' if len(keys) > 8 else '')
         raise CheckpointError(
             f'The checkpoint does not match the backbone of the {target} config: '
-            f'missing {show(missing) or "none"}; unexpected {show(unexpected) or "none"}; '
-            f'shape mismatches {show(mismatched) or "none"}. The pretrained architecture '
+            f'missing {some_keys(missing) or "none"}; '
+            f'unexpected {some_keys(unexpected) or "none"}; '
+            f'shape mismatches {some_keys(mismatched) or "none"}. The pretrained architecture '
             'differs from the downstream one: pass --config with a downstream config whose '
             'backbone has the same size as the pretrained one.')
     return converted, notes

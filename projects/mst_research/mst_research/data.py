@@ -1,14 +1,20 @@
 """Object images with known masks, and COCO/mmseg scenes, rendered from ``animal-shape-mnist``
-silhouettes. See docs/evidence.md (Data)."""
+silhouettes. See docs/evidence.md (Data).
+
+Also the photo crops that the loader benchmark reads (:func:`write_photo_crops`), and class
+folders read once into memory for the probes (:func:`load_class_folders`).
+"""
 import gzip
 import importlib.util
 import json
 import os
 import os.path as osp
 import pickle
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
+import torch
+from PIL import Image
 
 CLASSES = ('bear', 'bird', 'cat', 'cow', 'dog', 'elephant', 'giraffe', 'horse', 'sheep',
            'zebra')
@@ -195,7 +201,6 @@ def tight_box(mask: np.ndarray) -> List[float]:
 
 
 def _save_png(array: np.ndarray, path: str) -> None:
-    from PIL import Image
     Image.fromarray(array).save(path)
 
 
@@ -299,3 +304,87 @@ def write_scenes(out: str, train_scenes: int = 400, val_scenes: int = 100, size:
     with open(stamp, 'w') as f:
         json.dump(summary, f, indent=2)
     return summary
+
+
+PHOTOS = ('astronaut', 'camera', 'cat', 'coffee', 'rocket', 'retina', 'hubble_deep_field',
+          'immunohistochemistry', 'brick', 'grass', 'gravel', 'moon', 'coins', 'cell')
+
+
+def write_photo_crops(out: str, num_images: int = 2048, size: int = 256,
+                      seed: int = 0, height: Optional[int] = None) -> Dict[str, object]:
+    """Write ``num_images`` random crops of the bundled photos to ``out/<i>.jpg`` once.
+
+    Args:
+        out (str): Folder to write; one written with the same arguments is kept.
+        num_images (int): Crops to write, drawn round-robin from :data:`PHOTOS`.
+        size (int): Width of the JPEGs, in pixels.
+        seed (int): Seed of the crop positions and sizes.
+        height (int, optional): Height of the JPEGs; ``None``: ``size`` (square). 500 x 375
+            is an average ImageNet photo's size.
+
+    Returns:
+        dict: The summary also stored in ``out/photos.json``.
+    """
+    from skimage import data
+    from skimage.util import img_as_ubyte
+
+    summary = dict(sources=list(PHOTOS), num_images=num_images, size=size, seed=seed)
+    if height is not None and height != size:
+        summary['height'] = height
+    height = height or size
+    stamp = osp.join(out, 'photos.json')
+    if osp.exists(stamp):
+        with open(stamp) as f:
+            if json.load(f) == summary:
+                return summary
+    os.makedirs(out, exist_ok=True)
+    photos = []
+    for name in PHOTOS:
+        img = img_as_ubyte(getattr(data, name)())
+        photos.append(np.repeat(img[..., None], 3, axis=2) if img.ndim == 2 else img[..., :3])
+    rng = np.random.RandomState(seed)
+    for i in range(num_images):
+        img = photos[i % len(photos)]
+        photo_h, photo_w = img.shape[:2]
+        # The largest box of the output's aspect ratio, scaled by 0.5-1, placed at random.
+        scale = rng.uniform(0.5, 1.0)
+        box_h = int(scale * min(photo_h, photo_w * height / size))
+        box_w = int(scale * min(photo_w, photo_h * size / height))
+        top, left = rng.randint(0, photo_h - box_h + 1), rng.randint(0, photo_w - box_w + 1)
+        crop = Image.fromarray(np.ascontiguousarray(img[top:top + box_h, left:left + box_w]))
+        crop.resize((size, height), Image.BICUBIC).save(osp.join(out, f'{i:05d}.jpg'),
+                                                        quality=90)
+    with open(stamp, 'w') as f:
+        json.dump(summary, f, indent=2)
+    return summary
+
+
+def class_folder_files(root: str) -> Tuple[List[str], torch.Tensor]:
+    """``root/<class>/*`` as relative paths and labels, in mmpretrain's ``CustomDataset``
+    order (sorted classes, sorted files), so that dataset indices address the same images."""
+    if not osp.isdir(root):
+        raise FileNotFoundError(f'No image folder {root}: write it first '
+                                '(python tools/misc/write_animal_shapes.py data/animal_shapes).')
+    classes = sorted(d for d in os.listdir(root) if osp.isdir(osp.join(root, d)))
+    paths, labels = [], []
+    for label, cls in enumerate(classes):
+        names = sorted(os.listdir(osp.join(root, cls)))
+        paths += [f'{cls}/{name}' for name in names]
+        labels += [label] * len(names)
+    if not paths:
+        raise FileNotFoundError(f'No images under {root}/<class>/.')
+    return paths, torch.tensor(labels)
+
+
+def load_class_folders(root: str) -> Tuple[np.ndarray, torch.Tensor, List[str]]:
+    """``root/<class>/*.png`` as a (N, H, W, 3) uint8 RGB array, labels and relative paths,
+    in :func:`class_folder_files` order."""
+    paths, labels = class_folder_files(root)
+    images = [np.array(Image.open(osp.join(root, p)).convert('RGB')) for p in paths]
+    return np.stack(images), labels, paths
+
+
+def image_batches(images: np.ndarray, batch_size: int = 500) -> Iterator[torch.Tensor]:
+    """(N, H, W, 3) uint8 images as (B, 3, H, W) tensors."""
+    for start in range(0, len(images), batch_size):
+        yield torch.from_numpy(images[start:start + batch_size]).permute(0, 3, 1, 2)

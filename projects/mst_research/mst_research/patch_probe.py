@@ -1,29 +1,42 @@
-r"""A frozen patch-feature probe: a linear classifier on each patch token, scored as mIoU.
+"""A frozen patch-feature probe: a linear classifier on each patch token, scored as mIoU.
 
 The probe of DINOv2 and iBOT's linear segmentation, at the scale of one object per image:
 
-1. **Features.** The frozen last-layer patch tokens :math:`f_{n,ij} \in \mathbb{R}^C` of
+1. **Features.** The frozen last-layer patch tokens :math:`f_{n,ij} \\in \\mathbb{R}^C` of
    image :math:`n` (:func:`embed_patches`), or its raw pixels, each patch's :math:`3 p^2`
    values flattened (:func:`pixel_patches`), the baseline every learned feature must beat.
-2. **Labels.** From the object's pixel mask :math:`m_n \in \{0, 1\}^{H \times W}` and the
-   image's class :math:`c_n \in \{1..K\}` (0 is background): :func:`patch_labels` at the
+2. **Labels.** From the object's pixel mask :math:`m_n \\in \\{0, 1\\}^{H \times W}` and the
+   image's class :math:`c_n \\in \\{1..K\\}` (0 is background): :func:`patch_labels` at the
    patch grid, :func:`pixel_labels` at the pixels.
 3. **Classifier.** One linear layer shared by all patches (a 1 x 1 convolution),
-   :math:`s_{ij} = W \hat f_{ij} + b`, trained by cross-entropy on the training images'
-   patches (:func:`train_patch_probe`, full-batch L-BFGS by default); :math:`\hat f` is
+   :math:`s_{ij} = W \\hat f_{ij} + b`, trained by cross-entropy on the training images'
+   patches (:func:`train_patch_probe`, full-batch L-BFGS by default); :math:`\\hat f` is
    standardised with the training patches' statistics.
 4. **Score.** mIoU over the K + 1 classes (:func:`mean_iou`), at the patch grid
-   (:math:`\arg\max_k s_{ij,k}`) and at the pixels, the scores upsampled bilinearly to the
+   (:math:`\arg\\max_k s_{ij,k}`) and at the pixels, the scores upsampled bilinearly to the
    image size before the argmax (:func:`predict_pixels`).
 
 :func:`patch_probe_miou` does 2-4 on features already computed.
+
+The object images (:func:`masked_splits`, :func:`probe_patches`):
+``objects/{train,test}/<class>/*.png`` and the masks that ``write_object_images`` stores
+beside them; the image's class is its folder's index + 1 (0 is background); the test images
+are the test folder, or, with ``validation``, the validation images carved from the training
+folder, so that the probe's settings are chosen without reading the test images.
 """
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+import os.path as osp
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from mst_mm.converters import load_backbone
+from mst_mm.models.algorithms.feature_embedder import embed_patches
+
+from .data import image_batches, load_class_folders, load_object_masks, validation_split
 
 OPTIMIZERS = ('adamw', 'sgd', 'lbfgs')
 NORMALIZATIONS = ('standardize', 'none')
@@ -39,6 +52,13 @@ DEFAULT_SETTINGS = dict(optimizer='lbfgs', epochs=300, lr=None, weight_decay=0.0
 DEFAULT_LR = dict(lbfgs=1.0, adamw=1e-2, sgd=0.1)
 
 
+def load_frozen_backbone(backbone_cfg: dict, checkpoint: Optional[str],
+                         weights: str = 'teacher') -> nn.Module:
+    """The config's MST ViT without the [MASK] embedding, in eval mode, with the backbone
+    that :func:`mst_mm.converters.backbone_state` finds in ``checkpoint`` (None: random)."""
+    return load_backbone(dict(backbone_cfg, use_mask_token=False), checkpoint, weights)
+
+
 # ------------------------------------------------------------------------------- labels
 def patch_labels(masks: torch.Tensor, classes: torch.Tensor, patch_size: int) -> torch.Tensor:
     r"""(N, H, W) bool object masks and (N,) classes in 1..K -> (N, H/p, W/p) patch labels.
@@ -49,7 +69,7 @@ def patch_labels(masks: torch.Tensor, classes: torch.Tensor, patch_size: int) ->
         y_{n,ij} = c_n \cdot \mathbb{1}\Big[\frac{1}{p^2} \sum_{(u, v) \in P_{ij}}
         m_n(u, v) \ge \tfrac{1}{2}\Big],
 
-    else background, 0: the rule of ``mst_mm.evidence.guidance.patch_object_mask``, so that
+    else background, 0: the rule of ``mst_research.probes.patch_object_mask``, so that
     the probe's object patches are the ones the guidance shares count.
     """
     if masks.dim() != 3 or classes.shape != masks.shape[:1]:
@@ -80,39 +100,6 @@ def pixel_patches(images: torch.Tensor, patch_size: int) -> torch.Tensor:
     _check_divisible((h, w), patch_size)
     cols = F.unfold(images.float(), patch_size, stride=patch_size)  # (N, C p^2, h w)
     return cols.reshape(n, c * patch_size ** 2, h // patch_size, w // patch_size)
-
-
-def load_frozen_backbone(backbone_cfg: dict, checkpoint: Optional[str],
-                         weights: str = 'teacher') -> nn.Module:
-    """The config's MST ViT (``model.backbone``, without the [MASK] embedding) in eval mode,
-    with the weights of ``checkpoint``, read weights-only, every weight required:
-
-    - an MST training checkpoint: its EMA teacher's backbone (``weights='student'``: the
-      student's), as the k-NN and linear probes read it;
-    - a checkpoint with ``backbone.*`` keys (the evidence run's supervised ViT);
-    - a backbone alone (``tools/model_converters/mst2downstream.py --target mmpretrain``).
-
-    ``checkpoint=None`` keeps the random initialisation (``init_weights``).
-    """
-    from mmpretrain.registry import MODELS
-
-    from mst_mm.engine.safe_loading import load_checked, read_checkpoint
-    from mst_mm.models.export import SOURCE_PREFIXES, extract_backbone
-    backbone = MODELS.build(dict(backbone_cfg, use_mask_token=False))
-    if checkpoint is None:
-        backbone.init_weights()
-    else:
-        state = read_checkpoint(checkpoint, map_location='cpu')
-        state = state.get('state_dict', state) if isinstance(state, dict) else {}
-        if any(k.startswith(SOURCE_PREFIXES['teacher']) for k in state):
-            state = extract_backbone(state, weights, checkpoint)
-        elif any(k.startswith(SOURCE_PREFIXES['student']) for k in state):
-            state = extract_backbone(state, 'student', checkpoint)
-        load_checked(backbone, state, checkpoint, "the config's backbone",
-                     'Give an MST training checkpoint of this config, or its backbone.',
-                     strict=True)
-    backbone.eval()  # mmpretrain's ViT.train returns None: no chaining
-    return backbone
 
 
 # ---------------------------------------------------------------------------- classifier
@@ -323,3 +310,67 @@ def patch_probe_miou(train_feats: torch.Tensor, train_masks: torch.Tensor,
                                   pixel_labels(test_masks, test_classes))
     return dict(result, num_classes=num_classes, patch_size=patch_size,
                 object_patch_share=float((test_target > 0).float().mean()), settings=settings)
+
+
+class MaskedImages(NamedTuple):
+    """(N, H, W, 3) uint8 RGB images, (N,) classes in 1..K and (N, H, W) bool object masks."""
+    images: np.ndarray
+    classes: torch.Tensor
+    masks: torch.Tensor
+
+    def subset(self, indices: Sequence[int]) -> 'MaskedImages':
+        indices = list(indices)
+        return MaskedImages(self.images[indices], self.classes[indices], self.masks[indices])
+
+
+def load_masked_images(objects_root: str, split: str = 'test') -> MaskedImages:
+    """``objects_root/split/<class>/*.png`` in ``CustomDataset`` order, with their masks."""
+    images, labels, paths = load_class_folders(osp.join(objects_root, split))
+    if not osp.isfile(osp.join(objects_root, f'{split}_masks.npz')):
+        raise FileNotFoundError(f'No {split}_masks.npz in {objects_root}: the probe needs the '
+                                'object masks that write_object_images stores beside the '
+                                'images (python tools/misc/write_animal_shapes.py DIR).')
+    masks = load_object_masks(objects_root, split)
+    missing = [p for p in paths if osp.join(split, p) not in masks]
+    if missing:
+        raise FileNotFoundError(f'{split}_masks.npz has no mask for {len(missing)} image(s) '
+                                f'of {objects_root}/{split}, e.g. {missing[0]}.')
+    stacked = torch.from_numpy(np.stack([masks[osp.join(split, p)] for p in paths]))
+    return MaskedImages(images, labels + 1, stacked.bool())
+
+
+def masked_splits(objects_root: str, validation: bool = False
+                  ) -> Tuple[MaskedImages, MaskedImages]:
+    """(train, test) images; with ``validation``, (fitting, validation) images of the
+    training folder, 100 a class held out, and the test folder is not read."""
+    train = load_masked_images(objects_root, 'train')
+    if not validation:
+        return train, load_masked_images(objects_root, 'test')
+    fit, val = validation_split((train.classes - 1).numpy())
+    return train.subset(fit), train.subset(val)
+
+
+def patch_features(data: MaskedImages, backbone: Optional[nn.Module] = None,
+                   mean: Sequence[float] = (), std: Sequence[float] = (),
+                   patch_size: Optional[int] = None, batch_size: int = 500) -> torch.Tensor:
+    """(N, C, h, w) features of the images: the backbone's last-layer patch tokens, normalised
+    by ``mean`` and ``std`` as in training, or with ``backbone=None`` the raw pixels of
+    ``patch_size`` patches."""
+    if backbone is None:
+        if patch_size is None:
+            raise ValueError('The raw-pixels features need a patch_size.')
+        return pixel_patches(torch.from_numpy(data.images).permute(0, 3, 1, 2), patch_size)
+    return embed_patches(backbone, image_batches(data.images, batch_size), mean, std)
+
+
+def probe_patches(train: MaskedImages, test: MaskedImages, backbone: Optional[nn.Module] = None,
+                  mean: Sequence[float] = (), std: Sequence[float] = (),
+                  patch_size: Optional[int] = None, **settings) -> Dict[str, object]:
+    """Patch-grid and pixel mIoU (%) of the probe trained on ``train``'s patches and scored
+    on ``test``'s, over background and the classes 1..K, K the largest class of either set
+    (11 classes on the animal images); the features are :func:`patch_features`'s."""
+    num_classes = int(max(train.classes.max(), test.classes.max())) + 1
+    return patch_probe_miou(patch_features(train, backbone, mean, std, patch_size),
+                            train.masks, train.classes,
+                            patch_features(test, backbone, mean, std, patch_size),
+                            test.masks, test.classes, num_classes=num_classes, **settings)

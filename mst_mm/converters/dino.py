@@ -15,8 +15,6 @@ builds, so that ``load_from`` (which the project's runner refuses when it leaves
 starts a run from it with a fresh epoch, optimiser and schedules.
 """
 import argparse
-import copy
-import logging
 import os
 import os.path as osp
 from dataclasses import dataclass, field
@@ -24,12 +22,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from mmengine.config import Config
-from mmengine.logging import MMLogger
-from mmengine.registry import DefaultScope
 
-from mst_mm.errors import CheckpointError, UserInputError
+from mst_mm.engine.cli import merge_cfg_options
+from mst_mm.engine.safe_loading import read_checkpoint
+from mst_mm.errors import CheckpointError, UserInputError, some_keys
+from mst_mm.models.algorithms.mst import BACKBONE_PREFIXES, NECK_PREFIXES
 
-from .export import _first, dino_head_to_neck, timm_to_vit, vit_to_timm
+from .checkpoint import load_model
+from .downstream import dino_head_to_neck, timm_to_vit, vit_to_timm
 
 # timm's classifier, which DINO's backbones (num_classes=0) do not have.
 TIMM_CLASSIFIER = ('head.weight', 'head.bias')
@@ -74,7 +74,7 @@ def _tensors(state, what: str, source: str) -> Dict[str, torch.Tensor]:
     others = sorted(str(k) for k, v in state.items() if not isinstance(v, torch.Tensor))
     if others:
         raise CheckpointError(f'{source}: {what} holds entries that are not tensors: '
-                              f'{_first(others)}. Expected a state dict.')
+                              f'{some_keys(others)}. Expected a state dict.')
     return state
 
 
@@ -89,7 +89,8 @@ def split_wrapper(state: Dict[str, torch.Tensor], what: str,
     if other or not backbone:
         raise CheckpointError(
             f"{source}: {what} is not DINO's MultiCropWrapper (backbone.* and head.*): "
-            f'{"it has no backbone.* keys" if not backbone else "other keys: " + _first(other)}.')
+            + ('it has no backbone.* keys.' if not backbone else
+               f'other keys: {some_keys(other)}.'))
     return backbone, head
 
 
@@ -100,7 +101,6 @@ def read_dino_checkpoint(filename: str) -> DINOWeights:
     when it holds only one of them, both come from it. A bare state dict is one backbone (or
     one ``MultiCropWrapper``, if its keys say ``backbone.*``), which both take.
     """
-    from mst_mm.engine.safe_loading import read_checkpoint  # models/ does not import engine/
     # main_dino.py saves its command line (`args`, an argparse.Namespace of plain values)
     # in every full checkpoint: allowed for this read only, as mmengine's globals are.
     loaded = read_checkpoint(filename, map_location='cpu', allow=[argparse.Namespace])
@@ -152,29 +152,16 @@ def read_dino_checkpoint(filename: str) -> DINOWeights:
     return DINOWeights(kind, state, state, notes=notes)
 
 
-def build_model(cfg: Config) -> torch.nn.Module:
+def fresh_model(cfg: Config) -> torch.nn.Module:
     """The config's model on the CPU, initialised as a fresh run initialises it.
 
     The random draws use the config's seed (``randomness.seed``, else 0) in a forked random
     state, so a conversion is reproducible and leaves the caller's generators untouched.
     """
-    from mmpretrain.registry import MODELS
-
-    import mst_mm  # noqa: F401  (registers every module a config names)
     seed = (cfg.get('randomness') or {}).get('seed')
-    logger = MMLogger.get_current_instance()
-    level = logger.level
-    # init_weights logs a line per parameter (hundreds) where no runner has a log file.
-    logger.setLevel(logging.WARNING)
-    try:
-        with torch.random.fork_rng(devices=[]), \
-                DefaultScope.overwrite_default_scope(cfg.get('default_scope', 'mmpretrain')):
-            torch.manual_seed(0 if seed is None else seed)
-            model = MODELS.build(copy.deepcopy(cfg.model))
-            model.init_weights()
-    finally:
-        logger.setLevel(level)
-    return model.eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0 if seed is None else seed)
+        return load_model(cfg)
 
 
 def _vit_size(state: Dict[str, torch.Tensor]) -> str:
@@ -195,7 +182,7 @@ def _check_backbone(given: Dict[str, torch.Tensor], expected: Dict[str, torch.Te
                   and given[k].shape != expected[k].shape]
     if not (missing or unexpected or mismatched):
         return
-    parts = [f'{label}: {_first(keys, 6)}' for label, keys in (
+    parts = [f'{label}: {some_keys(keys, 6)}' for label, keys in (
         ('shape mismatches', mismatched), ('missing from the file', missing),
         ('not in the config', unexpected)) if keys]
     raise CheckpointError(
@@ -217,7 +204,7 @@ def _head_fits(head: Optional[Dict[str, torch.Tensor]],
                         for k in set(head) & set(expected) if head[k].shape != expected[k].shape)
     if not (missing or unexpected or mismatched):
         return None
-    parts = [f'{label} {_first(keys, 3)}' for label, keys in (
+    parts = [f'{label} {some_keys(keys, 3)}' for label, keys in (
         ('only in the config', missing), ('only in the file', unexpected),
         ('shapes (file vs config)', mismatched)) if keys]
     return "the file's DINO head has another layout than the config's neck (" + \
@@ -254,8 +241,9 @@ def dino_to_mst(weights: DINOWeights, model: torch.nn.Module, source: str = 'the
             'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py.') from None
     carried, fresh = [], []
     two = weights.student_backbone is not weights.teacher_backbone
-    for role, prefix, given in (('student', 'backbone.', weights.student_backbone),
-                                ('teacher', 'teacher.module.0.', weights.teacher_backbone)):
+    for role, given in (('student', weights.student_backbone),
+                        ('teacher', weights.teacher_backbone)):
+        prefix = BACKBONE_PREFIXES[role]
         _check_backbone(given, expected_timm, f'{role} backbone' if two else 'backbone',
                         source)
         state.update({prefix + k: v.to(state[prefix + k].dtype)
@@ -271,7 +259,8 @@ def dino_to_mst(weights: DINOWeights, model: torch.nn.Module, source: str = 'the
     why_not = _head_fits(heads['student'], expected_neck) or \
         _head_fits(heads['teacher'], expected_neck)
     if why_not is None:
-        for prefix, head in (('neck.', heads['student']), ('teacher.module.1.', heads['teacher'])):
+        for role, head in heads.items():
+            prefix = NECK_PREFIXES[role]
             state.update({prefix + k: v.to(state[prefix + k].dtype) for k, v in head.items()})
         carried.append(f'DINO head -> neck ({len(expected_neck)} tensors each)')
         center = weights.center
@@ -296,11 +285,13 @@ def dino_to_mst(weights: DINOWeights, model: torch.nn.Module, source: str = 'the
     # A fresh model's teacher holds the student's values from before init_weights re-drew
     # the student: a fresh run's first EMA update copies the student over it. Here that
     # copy may be skipped (below), so a neck that the file does not provide is copied now.
-    student_key = {f'teacher.module.0.{k}': f'backbone.{k}' for k in expected_backbone}
-    student_key.update({f'teacher.module.1.{k}': f'neck.{k}' for k in expected_neck})
+    student_key = {**{BACKBONE_PREFIXES['teacher'] + k: BACKBONE_PREFIXES['student'] + k
+                      for k in expected_backbone},
+                   **{NECK_PREFIXES['teacher'] + k: NECK_PREFIXES['student'] + k
+                      for k in expected_neck}}
     if why_not is not None:
         for key in expected_neck:
-            state[f'teacher.module.1.{key}'] = state[f'neck.{key}'].clone()
+            state[NECK_PREFIXES['teacher'] + key] = state[NECK_PREFIXES['student'] + key].clone()
     differ = [k for k, s in student_key.items() if not torch.equal(state[k], state[s])]
     if EMA_STEPS_KEY in state and differ:
         state[EMA_STEPS_KEY] = torch.ones_like(state[EMA_STEPS_KEY])
@@ -331,13 +322,12 @@ def convert_dino_checkpoint(checkpoint: str, out: str, config, cfg_options: Opti
     weights = read_dino_checkpoint(checkpoint)
     cfg = Config.fromfile(config) if isinstance(config, str) else config
     if cfg_options:
-        from mst_mm.engine.cli import merge_cfg_options
         merge_cfg_options(cfg, cfg_options)
     if (cfg.get('model') or {}).get('type') != 'MST':
         raise UserInputError(f'{config if isinstance(config, str) else cfg.filename} is not an '
                              'MST pretraining config (model type MST): give the config of the '
                              'run that will start from the weights.')
-    state, carried, fresh = dino_to_mst(weights, build_model(cfg), checkpoint)
+    state, carried, fresh = dino_to_mst(weights, fresh_model(cfg), checkpoint)
     config_name = osp.abspath(config) if isinstance(config, str) else cfg.filename
     meta = dict(source=osp.abspath(checkpoint), source_format=weights.description,
                 config=config_name, carried=carried, fresh=fresh)

@@ -1,5 +1,5 @@
 """The evidence run's transfer leg: Mask R-CNN (mmdet) or SETR (mmseg) fine-tuned in this
-process on the scenes of :func:`mst_mm.evidence.animal_shapes.write_scenes`, from an MST
+process on the scenes of :func:`mst_research.data.write_scenes`, from an MST
 checkpoint converted as ``tools/model_converters/mst2downstream.py`` does, or from random init.
 """
 import copy
@@ -14,10 +14,11 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import DefaultScope
+from mmengine.runner import Runner
 from mmpretrain.utils import get_ori_model
 
+from mst_mm.converters import convert_for_downstream
 from mst_mm.errors import CheckpointError
-from mst_mm.models.export import convert_for_downstream
 
 # The metrics that finetune returns, by target: {returned name: evaluator's name}.
 TRANSFER_METRICS = {
@@ -149,8 +150,7 @@ def finetune(config_path: str, checkpoint: Optional[str], work_dir: str, scenes_
             osp.join(scenes_root, 'val')):
         raise FileNotFoundError(
             f'{scenes_root} has no train/ and val/ scenes: write them with '
-            f"python -c \"from mst_mm.evidence.animal_shapes import write_scenes; "
-            f"write_scenes('{scenes_root}')\"")
+            f'python tools/misc/write_animal_shapes.py {osp.dirname(scenes_root)}')
     cfg = Config.fromfile(config_path)
     old_max_iters = cfg.train_cfg.max_iters
     if options:
@@ -180,7 +180,6 @@ def finetune(config_path: str, checkpoint: Optional[str], work_dir: str, scenes_
         cfg.model.backbone.init_cfg = dict(type='Pretrained', checkpoint=converted_path)
         hooks.append(PretrainedBackboneCheck(converted, converted_path))
 
-    from mmengine.runner import Runner
     current = DefaultScope.get_current_instance()
     # The runner makes mmdet's or mmseg's scope the current one; the caller's comes back.
     with DefaultScope.overwrite_default_scope(current.scope_name if current else None):

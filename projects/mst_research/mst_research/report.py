@@ -1,0 +1,419 @@
+"""What the evidence run writes: its summary and markdown table, the comparison of recomputed
+values with committed ones, and its pictures: the training curves of every seed, the guidance
+by epoch, MST's attention and masks, and the README's evidence figure.
+"""
+import copy
+import glob
+import json
+import math
+import os
+import os.path as osp
+import statistics
+from itertools import cycle
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import mmcv
+import numpy as np
+import torch
+
+from mst_mm.converters import load_model
+from mst_mm.visualization import load_image, mst_picture_row, render_rows
+from mst_mm.visualization.mst_pictures import column_titles, draw_rows
+
+from .patch_probe import DEFAULT_LR, DEFAULT_SETTINGS
+from .recipes import KNN_K, TRANSFER_FROM, TRANSFER_TARGETS, VARIANTS, pretrain_config
+
+CURVE_KEYS = ('loss_dino', 'teacher_entropy', 'teacher_student_kl')
+PROBE_PREFIX = 'knn_probe_top1_k'
+
+
+def read_scalars(work_dir: str, all_runs: bool = False) -> List[dict]:
+    """The per-iteration rows that mmengine's ``LocalVisBackend`` wrote for the latest run
+    in ``work_dir`` (``<timestamp>/vis_data/scalars.json``), or for every run in it (a
+    resumed run writes a folder of its own).
+
+    Args:
+        work_dir (str): A Runner's work directory.
+        all_runs (bool): Concatenate every run's rows, oldest first. Defaults to False.
+
+    Returns:
+        list[dict]: One dict per logged iteration, in order.
+    """
+    files = sorted(glob.glob(osp.join(str(work_dir), '*', 'vis_data', 'scalars.json')))
+    if not files:
+        raise FileNotFoundError(f'No */vis_data/scalars.json under {work_dir}: was the run '
+                                'logged with LocalVisBackend (the default)?')
+    rows = []
+    for path in (files if all_runs else files[-1:]):
+        with open(path) as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    return rows
+
+
+def final_values(rows: List[dict], keys: Sequence[str] = CURVE_KEYS,
+                 last: int = 1) -> Dict[str, float]:
+    """The mean of each key over the last ``last`` logged rows that have it."""
+    values = {}
+    for key in keys:
+        series = [row[key] for row in rows if key in row]
+        if series:
+            values[key] = sum(series[-last:]) / len(series[-last:])
+    return values
+
+
+def plot_dino_curves(runs: Dict[str, List[List[dict]]], num_prototypes: int,
+                     out_file: str, title: str = '') -> str:
+    """One figure, three panels: ``loss_dino``, teacher entropy and teacher-student KL
+    against the iteration, one colour per variant (one line per seed), ln K drawn in; and
+    a fourth with the k-NN probe's top-1 when a run logged it (``KNNProbeHook``).
+
+    Args:
+        runs (dict): Variant name -> the :func:`read_scalars` rows of each of its runs.
+        num_prototypes (int): K, for the ln K line.
+        out_file (str): The PNG to write.
+        title (str): Figure title. Defaults to ''.
+
+    Returns:
+        str: ``out_file``.
+    """
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    log_k = math.log(num_prototypes)
+    probe_keys = sorted({key for seed_runs in runs.values() for rows in seed_runs
+                         for row in rows for key in row if key.startswith(PROBE_PREFIX)})
+    keys = CURVE_KEYS + tuple(probe_keys[:1])
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4.2))
+    labels = dict(loss_dino='DINO loss (unweighted by lambda_1 = 1)',
+                  teacher_entropy='teacher entropy H(P_t)',
+                  teacher_student_kl='teacher-student KL',
+                  **{key: f'k-NN probe top-1 (%), k = {key[len(PROBE_PREFIX):]}'
+                     for key in probe_keys})
+    colours = plt.rcParams['axes.prop_cycle'].by_key()['color']
+    for colour, (variant, seed_runs) in zip(colours, runs.items()):
+        for seed, rows in enumerate(seed_runs):
+            for ax, key in zip(axes, keys):
+                # Training rows carry 'iter'; the probe's rows only their 'step' (= iter).
+                points = [(row.get('iter', row.get('step')), row[key])
+                          for row in rows if key in row]
+                if points:
+                    xs, ys = zip(*points)
+                    ax.plot(xs, ys, color=colour, alpha=0.8, linewidth=1.2,
+                            label=variant if seed == 0 else None,
+                            marker='o' if key in probe_keys else None, markersize=3)
+    for ax, key in zip(axes, keys):
+        if key in ('loss_dino', 'teacher_entropy'):
+            ax.axhline(log_k, color='black', linestyle='--', linewidth=1,
+                       label=f'ln K = {log_k:.3f}')
+        ax.set_title(labels[key])
+        ax.set_xlabel('iteration')
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    os.makedirs(osp.dirname(osp.abspath(out_file)), exist_ok=True)
+    fig.savefig(out_file, dpi=110)
+    plt.close(fig)
+    return out_file
+
+
+def draw_evidence_figure(grid_rows: List[Dict[str, np.ndarray]],
+                         knn_probe: Dict[str, List[List[List[float]]]],
+                         references: Dict[str, float], max_heads: int = 3,
+                         title: str = '', width_inches: float = 8.2, dpi: int = 110):
+    """One figure for a README: on top, the :func:`draw_rows` grid (input, attention, guided
+    and random mask, reconstruction) of an MST-guided teacher; under it, the k-NN probe's
+    top-1 per pretraining epoch, one colour per variant, a thin line per seed, a thick one
+    for their mean (when the seeds share their epochs), and the references dashed.
+
+    Args:
+        grid_rows (list[dict]): :func:`mst_picture_row` results, one per image.
+        knn_probe (dict): Variant -> one ``[[epoch, top1], ...]`` list per seed.
+        references (dict): Name -> top-1 (%), e.g. ``{'raw pixels': 40.9}``.
+        max_heads (int): Attention heads drawn at most. Defaults to 3.
+        title (str): Figure title. Defaults to ''.
+        width_inches (float), dpi (int): Size; 8.2 in at 110 dpi is 900 px.
+
+    Returns:
+        matplotlib.figure.Figure: Close it with ``plt.close`` when done.
+    """
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    if not grid_rows:
+        raise ValueError('No grid rows: give at least one mst_picture_row result.')
+    if not knn_probe:
+        raise ValueError('knn_probe is empty: give at least one variant.')
+    for variant, seeds in knn_probe.items():
+        if not seeds or not all(seeds):
+            raise ValueError(f'knn_probe[{variant!r}] has no seeds or a seed without points.')
+    panel = width_inches / (len(column_titles(grid_rows, max_heads)) + 0.5)
+    heights = [0.3 if title else 0.0, panel * len(grid_rows) + 0.9, 3.0]
+    fig = plt.figure(figsize=(width_inches, sum(heights)), dpi=dpi)
+    head, top, bottom = fig.subfigures(3, 1, height_ratios=heights)
+    if title:
+        head.suptitle(title, fontsize=11)
+    draw_rows(grid_rows, max_heads=max_heads, panel_inches=panel, fig=top)
+    ax = bottom.subplots()
+    colours = plt.rcParams['axes.prop_cycle'].by_key()['color']
+    for colour, (variant, seeds) in zip(colours, knn_probe.items()):
+        runs = [np.asarray(points, dtype=float) for points in seeds]
+        for run in runs:
+            ax.plot(run[:, 0], run[:, 1], color=colour, linewidth=0.8, alpha=0.45)
+        label = f"{variant} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
+        if all(np.array_equal(run[:, 0], runs[0][:, 0]) for run in runs):
+            ax.plot(runs[0][:, 0], np.mean([run[:, 1] for run in runs], 0), color=colour,
+                    linewidth=2.4, marker='o', markersize=3, label=label + ', mean')
+        else:  # seeds probed at different epochs: no mean, the legend names the colour
+            ax.lines[-1].set_label(label)
+    for (name, value), dashes in zip(references.items(), cycle(((6, 2), (2, 2), (6, 2, 1, 2)))):
+        ax.axhline(value, color='0.25', linestyle=(0, dashes), linewidth=1.2,
+                   label=f'{name} ({value:.1f})')
+    ax.set(xlabel='pretraining epoch', ylabel='k-NN top-1 (%)',
+           title='k-NN probe during pretraining (thin: seeds, thick: mean)')
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc='center left', bbox_to_anchor=(1.01, 0.5), frameon=False)
+    bottom.subplots_adjust(left=0.08, right=0.7, bottom=0.16, top=0.88)
+    return fig
+
+
+def plot_evidence_figure(grid_rows: List[Dict[str, np.ndarray]],
+                         knn_probe: Dict[str, List[List[List[float]]]],
+                         references: Dict[str, float], path: str, max_heads: int = 3,
+                         title: str = '') -> str:
+    """Write :func:`draw_evidence_figure` to the PNG ``path`` and return ``path``."""
+    import matplotlib.pyplot as plt
+    fig = draw_evidence_figure(grid_rows, knn_probe, references, max_heads, title)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def mean_std(values: List[float], digits: int = 1) -> str:
+    if len(values) == 1:
+        return f'{values[0]:.{digits}f}'
+    return f'{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}'
+
+
+def patch_probe_settings() -> dict:
+    """Every setting of the patch probe, as its results write them (the lr filled in)."""
+    settings = dict(DEFAULT_SETTINGS)
+    settings['lr'] = settings['lr'] or DEFAULT_LR[settings['optimizer']]
+    return settings
+
+
+def make_summary(num_prototypes: int, image_views_per_run: int, raw: dict,
+                 random_init: List[dict], supervised: List[dict],
+                 rows: Dict[str, List[dict]], transfer: Optional[dict]) -> dict:
+    guidance_keys = ('attention_on_object_share', 'candidates_on_object_share',
+                     'masked_on_object_share')
+
+    def every_row(key: str) -> dict:
+        return dict(raw_pixels=raw[key], random_init=[r[key] for r in random_init],
+                    supervised=[r[key] for r in supervised],
+                    **{v: [r[key] for r in runs] for v, runs in rows.items()})
+
+    summary = dict(
+        ln_k=math.log(num_prototypes),
+        image_views_per_run=image_views_per_run,
+        knn_top1=every_row('knn_top1'),
+        linear_top1=every_row('linear_top1'),
+        patch_probe_miou=every_row('patch_probe_miou'),
+        patch_probe_pixel_miou=every_row('patch_probe_pixel_miou'),
+        patch_probe_settings=patch_probe_settings(),
+        last_loss_dino={v: [r['loss_dino'] for r in runs] for v, runs in rows.items()},
+        knn_probe={v: [r['knn_probe'] for r in runs] for v, runs in rows.items()},
+        guidance=dict(object_area_share=random_init[0]['object_area_share'],
+                      **{v: {k: [r[k] for r in runs] for k in guidance_keys}
+                         for v, runs in rows.items()}),
+        transfer=transfer)
+    return summary
+
+
+def format_table(summary: dict, seeds: Dict[str, int]) -> str:
+    lines = [f"k-NN (k = {KNN_K}, T = 0.07) and linear-probe top-1 (%) on the 2,000 held-out "
+             'object images, the frozen patch probe\'s mIoU (%, background and 10 classes, '
+             f"at the patch grid), last DINO loss (ln K = {summary['ln_k']:.3f}), and the "
+             'share of the teacher\'s CLS attention, of the guided mask\'s candidates and of '
+             'its masked patches on the object (the object covers '
+             f"{summary['guidance']['object_area_share']:.3f} of the patches). Mean ± std "
+             'over seeds.', '',
+             '| features | seeds | k-NN | linear | patch mIoU | last loss_dino '
+             '| attention on object | candidates on object | masked on object |',
+             '| --- | --- | --- | --- | --- | --- | --- | --- | --- |']
+    knn, lin = summary['knn_top1'], summary['linear_top1']
+    patch = summary.get('patch_probe_miou', {})
+
+    def probes(row: str) -> str:
+        """k-NN, linear and patch-probe cells; a patch probe of fewer seeds than the row's
+        (one recomputed from the committed seed-0 checkpoints) says how many."""
+        values = patch.get(row)
+        if values is None:
+            cell = '-'
+        elif row == 'raw_pixels':
+            cell = f'{values:.1f}'
+        else:
+            n = len(knn[row])
+            cell = mean_std(values) + (f' ({len(values)} of {n} seeds)' if len(values) < n
+                                       else '')
+        if row == 'raw_pixels':
+            return f"{knn[row]:.1f} | {lin[row]:.1f} | {cell}"
+        return f"{mean_std(knn[row])} | {mean_std(lin[row])} | {cell}"
+
+    lines.append(f"| raw pixels | - | {probes('raw_pixels')} | - | - | - | - |")
+    lines.append(f"| random init | {len(knn['random_init'])} | {probes('random_init')} "
+                 '| - | - | - | - |')
+    if knn.get('supervised'):   # the ceiling: the same ViT trained with labels
+        lines.append(f"| supervised | {len(knn['supervised'])} | {probes('supervised')} "
+                     '| - | - | - | - |')
+    for variant in VARIANTS:
+        if variant not in summary['last_loss_dino']:
+            continue
+        g = summary['guidance'][variant]
+        lines.append(
+            f"| {variant} | {seeds[variant]} | {probes(variant)} "
+            f"| {mean_std(summary['last_loss_dino'][variant], 3)} "
+            f"| {mean_std(g['attention_on_object_share'], 3)} "
+            f"| {mean_std(g['candidates_on_object_share'], 3)} "
+            f"| {mean_std(g['masked_on_object_share'], 3)} |")
+    transfer = summary.get('transfer')
+    if transfer:
+        lines += ['', 'Transfer to the scenes: Mask R-CNN box / mask mAP (MaskSwin-nano) and '
+                  'SETR-naive mIoU (ViT), mean ± std over fine-tune seeds.', '',
+                  '| initialisation | box mAP | mask mAP | mIoU |', '| --- | --- | --- | --- |']
+        # Fine-tuned, then (where the run has them) with the backbone frozen; a target the
+        # run left out (--transfer-targets) shows as '-'.
+        for suffix in ('', '_frozen'):
+            if not any(target + suffix in transfer for target in TRANSFER_TARGETS):
+                continue
+            for start in TRANSFER_FROM:
+                det = transfer.get('mmdet' + suffix, {}).get(start)
+                seg = transfer.get('mmseg' + suffix, {}).get(start)
+                cells = [mean_std(det['bbox_mAP'], 3), mean_std(det['segm_mAP'], 3)] if det \
+                    else ['-', '-']
+                cells.append(mean_std(seg['mIoU'], 2) if seg else '-')
+                lines.append(f"| {start}{', frozen backbone' if suffix else ''} | "
+                             + ' | '.join(cells) + ' |')
+    return '\n'.join(lines)
+
+
+def write_pictures(rows: Dict[str, List[dict]], summary: dict, schedule: dict, out: str,
+                   data_root: str) -> List[str]:
+    pictures = osp.join(out, 'pictures')
+    os.makedirs(pictures, exist_ok=True)
+    curves = {v: [read_scalars(osp.dirname(r["checkpoint"]), all_runs=True) for r in runs]
+              for v, runs in rows.items()}
+    written = [plot_dino_curves(curves, round(math.exp(summary['ln_k'])),
+                                osp.join(pictures, 'pretraining_curves.png'),
+                                title='evidence pretraining, every seed')]
+    written.append(plot_guidance_by_epoch(rows, summary['guidance']['object_area_share'],
+                                          osp.join(pictures, 'guidance_by_epoch.png')))
+    guided = rows.get('mst_guided_mask')
+    if guided:
+        images = class_examples(data_root)
+        # The model as this code names it (not the run's dumped config, which keeps the
+        # registry names of the code that trained it).
+        cfg = pretrain_config(schedule['config'], 'mst_guided_mask', 0, dict(schedule, epochs=1),
+                              data_root, osp.dirname(guided[0]['checkpoint']), probe=False)
+        model = load_model(cfg, guided[0]['checkpoint'], 0)
+        written.append(mst_pictures(model, images, osp.join(pictures, 'mst_pictures.png')))
+        written.append(evidence_figure(model, summary, images,
+                                       osp.join(pictures, 'evidence.png')))
+    return written
+
+
+def mst_pictures(model, images: List[str], path: str, size: int = 96) -> str:
+    """``tools/analysis/visualize_mst.py --grid``'s picture of ``images``, one row each, named
+    by its class folder: input, attention, guided and random masks, reconstruction."""
+    rows = [mst_picture_row(model, load_image(image, size, model),
+                            generator=torch.Generator().manual_seed(i),
+                            label=osp.basename(osp.dirname(image)))
+            for i, image in enumerate(images)]
+    mmcv.imwrite(mmcv.rgb2bgr(render_rows(rows)), path)
+    return path
+
+
+def evidence_figure(model, summary: dict, images: List[str], path: str,
+                    reconstruct: bool = True) -> str:
+    """The README's picture: the MST-guided teacher's attention and masks on the first four
+    ``images`` (with the decoder's reconstruction), over every variant's k-NN probe curves."""
+    grid = [mst_picture_row(model, load_image(image, 96, model),
+                            torch.Generator().manual_seed(i),
+                            label=osp.basename(osp.dirname(image)), reconstruct=reconstruct)
+            for i, image in enumerate(images[:4])]
+    knn = summary['knn_top1']
+    references = {'raw pixels': knn['raw_pixels'],
+                  'random init': statistics.mean(knn['random_init'])}
+    if knn.get('supervised'):
+        references['supervised'] = statistics.mean(knn['supervised'])
+    return plot_evidence_figure(grid, summary['knn_probe'], references, path)
+
+
+def plot_guidance_by_epoch(rows: Dict[str, List[dict]], area: float, path: str) -> str:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for variant, runs in rows.items():
+        curve = runs[0].get('guidance_by_epoch')
+        if not curve:
+            continue
+        epochs = [c['epoch'] for c in curve]
+        axes[0].plot(epochs, [c['attention_on_object_share'] for c in curve], marker='o',
+                     label=variant)
+        axes[1].plot(epochs, [c['candidates_on_object_share'] for c in curve], marker='o',
+                     label=variant)
+    titles = ('CLS attention mass on the object', 'guided-mask candidates on the object')
+    for ax, title in zip(axes, titles):
+        ax.axhline(area, color='grey', linestyle='--', label='object area (= random)')
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel('epoch (seed 0)')
+        ax.set_ylim(0, 1)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# (summary key, guidance key or None, printed digits) of every value a checkpoint gives.
+RECOMPUTED = (('knn_top1', None, 1), ('linear_top1', None, 1),
+              ('patch_probe_miou', None, 1), ('patch_probe_pixel_miou', None, 1),
+              *(('guidance', key, 3) for key in ('attention_on_object_share',
+                                                 'candidates_on_object_share',
+                                                 'masked_on_object_share')))
+
+
+def recomputed_summary(committed: dict, results: Dict[str, List[dict]]
+                       ) -> Tuple[dict, List[str]]:
+    """``committed`` with the values of ``results`` (row -> the seeds' probe results) in
+    place, seed by seed, and a line for each that differs at its printed digit."""
+    summary = copy.deepcopy(committed)
+    differences = []
+    for key, sub, digits in RECOMPUTED:
+        for row, runs in results.items():
+            if sub and row not in VARIANTS:   # guidance shares: the pretrained rows'
+                continue
+            table = summary.setdefault(key, {})
+            table = table.setdefault(row, {}) if sub else table
+            name = sub or row
+            old = table.get(name)
+            old = [old] if row == 'raw_pixels' and old is not None else list(old or [])
+            new = [r[sub or key] for r in runs]
+            for seed, value in enumerate(new):
+                if seed < len(old) and f'{old[seed]:.{digits}f}' != f'{value:.{digits}f}':
+                    differences.append(f'{key} {row}{" " + sub if sub else ""} seed {seed}: '
+                                       f'committed {old[seed]:.{digits}f}, recomputed '
+                                       f'{value:.{digits}f}')
+            merged = new + old[len(new):]
+            table[name] = merged[0] if row == 'raw_pixels' else merged
+    summary['patch_probe_settings'] = patch_probe_settings()
+    return summary, differences
+
+
+def class_examples(data_root: str) -> List[str]:
+    """The first test image of every class."""
+    test = osp.join(data_root, 'objects', 'test')
+    return [sorted(glob.glob(osp.join(test, c, '*.png')))[0] for c in sorted(os.listdir(test))]

@@ -1,0 +1,91 @@
+"""The layout that docs/contributing.md describes: the plugin (``mst_mm``) imports one way,
+from the top (converters, engine) down to models, never the research kit; the tools in tools/
+are thin and stand alone."""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator, Tuple
+
+import pytest
+
+from tests.helpers import REPO
+
+PACKAGE = REPO / 'mst_mm'
+# Each sub-package may import the ones of a lower rank only (the leaf modules are rank 0).
+RANKS = {'compat': 0, 'errors': 0, 'version': 0, 'models': 1, 'datasets': 2, 'evaluation': 2,
+         'visualization': 2, 'engine': 3, 'converters': 4}
+
+
+def mst_mm_imports(path: Path) -> Iterator[Tuple[int, str]]:
+    """(line, absolute module name) of every ``mst_mm`` module that ``path`` imports."""
+    package = '.'.join(path.relative_to(REPO).with_suffix('').parts[:-1])
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if not node.level:
+                yield node.lineno, node.module
+                continue
+            base = '.'.join(package.split('.')[:len(package.split('.')) - node.level + 1])
+            if node.module:
+                yield node.lineno, f'{base}.{node.module}'
+            else:   # from . import a, b: the sub-modules
+                yield from ((node.lineno, f'{base}.{alias.name}') for alias in node.names)
+
+
+def test_the_plugin_imports_downward_only_and_never_itself_or_the_kit():
+    wrong = []
+    for path in sorted(PACKAGE.rglob('*.py')):
+        if '.mim' in path.parts:  # configs and tools, linked or copied for `mim`
+            continue
+        own = path.relative_to(PACKAGE).parts[0].removesuffix('.py')
+        for line, name in mst_mm_imports(path):
+            where = f'{path.relative_to(REPO)}:{line} imports {name}'
+            if name.split('.')[0] == 'mst_research':
+                wrong.append(where + ' (the kit uses the plugin, not the other way)')
+            elif name == 'mst_mm':
+                wrong.append(where + ' (the package is already imported)')
+            elif name.startswith('mst_mm.') and own != '__init__':
+                other = name.split('.')[1]
+                if other != own and RANKS[other] >= RANKS[own]:
+                    wrong.append(where + f' (rank {RANKS[other]} >= {RANKS[own]})')
+    assert not wrong, '\n'.join(wrong)
+
+
+def test_the_package_init_imports_only_what_registers():
+    tree = ast.parse((PACKAGE / '__init__.py').read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                for alias in node.names}
+    assert imported == {'datasets', 'engine', 'evaluation', 'models', '__version__'}
+
+
+def test_importing_the_plugin_imports_neither_the_kit_nor_the_converters():
+    script = ('import sys, mst_mm; print(sorted(m for m in sys.modules '
+              "if m.startswith(('mst_research', 'mst_mm.converters'))))")
+    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                         check=True, cwd=REPO.parent).stdout
+    assert out.strip() == '[]'
+
+
+TOOLS = sorted((REPO / 'tools').rglob('*.py'))
+
+
+@pytest.mark.parametrize('path', TOOLS, ids=lambda p: str(p.relative_to(REPO)))
+def test_tools_are_thin_and_stand_alone(path):
+    source = path.read_text()
+    assert len(source.splitlines()) <= 300
+    other_tools = {tool.stem for tool in TOOLS} - {path.stem}
+    for node in ast.walk(ast.parse(source)):
+        where = f'{path.relative_to(REPO)}:{getattr(node, "lineno", "?")}'
+        if isinstance(node, ast.Attribute) and node.attr == 'path':
+            assert not (isinstance(node.value, ast.Name) and node.value.id == 'sys'), \
+                f'{where} edits sys.path'
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) \
+                else [node.module or '']
+            assert not other_tools & {name.split('.')[0] for name in names}, \
+                f'{where} imports another tool'
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            assert not (node.value.startswith('tools/') and node.value.endswith('.py')
+                        and 'spec_from_file_location' in source), f'{where} loads a tool'
