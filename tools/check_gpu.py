@@ -28,6 +28,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--report', default='work_dirs/check_gpu/report.md',
                         help="the report; every step's log goes into its folder")
+    parser.add_argument('report_path', nargs='?', metavar='REPORT',
+                        help='the same as --report (the form of earlier versions)')
     parser.add_argument('--wheels', metavar='DIR', help='install the stack from these wheels '
                         'first (tools/collect_device_wheels.sh), into a folder on PYTHONPATH, '
                         "so that the node's own torch and numpy are used")
@@ -50,6 +52,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         default=env('CHECK_GPU_ALL_CUDA_TESTS', '0') == '1',
                         help='keep the train.py --amp runs that the budget leaves out')
     args = parser.parse_args(argv)
+    args.report = args.report_path or args.report
     if not args.budget.isdigit() or int(args.budget) < 60:
         parser.error(f"--budget takes whole seconds, at least 60, not '{args.budget}'")
     try:
