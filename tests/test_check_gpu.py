@@ -1,4 +1,4 @@
-"""tools/check_gpu.sh (tools/check_gpu.py, mst_research.gpu_check) and
+"""tools/check_gpu.py (mst_research.gpu_check), its wrapper tools/check_gpu.sh and
 tools/collect_device_wheels.sh without a GPU: the check's dry run (every step's CPU part at
 tiny sizes) writes a report with every section, its argument checks refuse bad input with
 status 2, and the wheels for an air-gapped GPU node stay small."""
@@ -14,7 +14,8 @@ import pytest
 from tests.helpers import REPO
 from tests.test_benchmark import stand_in_dino
 
-CHECK = REPO / 'tools' / 'check_gpu.sh'
+CHECK = [sys.executable, REPO / 'tools' / 'check_gpu.py']
+WRAPPER = REPO / 'tools' / 'check_gpu.sh'
 COLLECT = REPO / 'tools' / 'collect_device_wheels.sh'
 SECTIONS = ('## 1. Stack', '## 2. CUDA tests: pytest -m cuda tests/test_cuda.py',
             "## 3. DeiT-S step against DINO's reference step",
@@ -37,7 +38,8 @@ print('loader timed with', args.workers)
 
 
 def run(cmd, timeout=600, **env) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS='1', **env)
+    full_env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS='1')
+    full_env.update(env)
     full_env.pop('CHECK_GPU_DRY_RUN', None)
     return subprocess.run([str(c) for c in cmd], cwd=REPO, env=full_env, capture_output=True,
                           text=True, timeout=timeout)
@@ -66,7 +68,7 @@ def test_dry_run_writes_every_section_of_the_report(tmp_path):
     wheels = tiny_wheel(tmp_path / 'wheels')
     report = tmp_path / 'check' / 'report.md'
     copy_to = tmp_path / 'out'
-    result = run(['bash', CHECK, '--dry-run', '--wheels', wheels, '--dino', dino,
+    result = run([*CHECK, '--dry-run', '--wheels', wheels, '--dino', dino,
                   '--report', report, '--copy-to', copy_to],
                  CHECK_GPU_SCRATCH=str(tmp_path / 'scratch'), CHECK_GPU_LOADER_TOOL=str(loader))
     text = report.read_text() if report.exists() else ''
@@ -112,14 +114,19 @@ def test_dry_run_writes_every_section_of_the_report(tmp_path):
     (['--no-such-option'], 'unrecognized arguments: --no-such-option'),
 ])
 def test_check_gpu_refuses_bad_input_with_status_2(args, message):
-    result = run(['bash', CHECK, '--dry-run', *args], timeout=60)
+    result = run([*CHECK, '--dry-run', *args], timeout=60)
     assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
 def test_check_gpu_refuses_a_dino_folder_without_dinos_modules(tmp_path):
     (tmp_path / 'main_dino.py').write_text('')
-    result = run(['bash', CHECK, '--dry-run', '--dino', tmp_path], timeout=60)
+    result = run([*CHECK, '--dry-run', '--dino', tmp_path], timeout=60)
     assert result.returncode == 2 and 'lacks utils.py' in result.stderr, result.stderr
+
+
+def test_the_wrapper_refuses_a_python_without_torch_with_status_2():
+    result = run(['bash', WRAPPER, '--dry-run'], timeout=60, PYTHON='/nonexistent/python')
+    assert result.returncode == 2 and 'imports torch' in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize('args, message', [

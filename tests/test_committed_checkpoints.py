@@ -11,7 +11,11 @@ import torch
 from mmengine.config import Config
 
 from mst_mm.engine.safe_loading import read_checkpoint
+from mst_mm.evaluation import knn_top1
+from mst_mm.models.algorithms.feature_embedder import embed_images
+from mst_research.data import image_batches, load_class_folders, write_object_images
 from mst_research.patch_probe import load_frozen_backbone
+from tests.test_readme_figures import mean_std
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / 'docs/results/evidence_50e'
@@ -51,9 +55,6 @@ def test_the_committed_backbones_are_small_complete_and_in_the_export_layout():
 def test_a_committed_backbone_recomputes_its_knn_row(tmp_path):
     """DINO seed 0's k-NN top-1 from its committed backbone, on the object images rendered
     anew: the summary's value to its printed digit (the run's own 47.8)."""
-    from mst_mm.evaluation import knn_top1
-    from mst_mm.models.algorithms.feature_embedder import embed_images
-    from mst_research.data import image_batches, load_class_folders, write_object_images
     objects = tmp_path / 'objects'
     write_object_images(str(objects))
     cfg = Config.fromfile(str(CONFIG))
@@ -71,7 +72,6 @@ def test_a_committed_backbone_recomputes_its_knn_row(tmp_path):
 def patch_probe_rows(summary: dict) -> list:
     """docs/evidence.md's patch-probe table, rendered from the summary: every row's patch-grid
     and pixel mIoU with the seeds it holds (of the seeds its k-NN row has)."""
-    from tests.test_readme_figures import mean_std
     lines = []
     for row in ('raw_pixels', 'random_init', 'supervised', *ROWS[:4]):
         grid, pixel = summary['patch_probe_miou'][row], summary['patch_probe_pixel_miou'][row]

@@ -6,12 +6,28 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
+from mmengine.config import Config
+from mmpretrain.registry import MODELS
 
 from mst_mm.converters import load_model
+from mst_mm.engine.safe_loading import read_checkpoint
+from mst_research import data as animal_shapes
 from mst_research import probes, recipes, report, runs
-from mst_research.data import write_object_images
-from tests.helpers import load_tool
+from mst_research.data import (
+    class_folder_files,
+    load_class_folders,
+    load_object_masks,
+    load_silhouettes,
+    stratified_split,
+    validation_split,
+    write_object_images,
+)
+from mst_research.patch_probe import masked_splits, probe_patches
+from tests.helpers import REPO, load_tool
 from tests.test_animal_shapes import small_package  # noqa: F401  (fixture)
+from tests.test_knn import hand_knn_top1, read_split
 
 VARIANTS = ('dino', 'mst_decoder', 'mst_random_mask', 'mst_guided_mask')
 GUIDANCE_KEYS = {'attention_on_object_share', 'candidates_on_object_share',
@@ -21,14 +37,6 @@ GUIDANCE_KEYS = {'attention_on_object_share', 'candidates_on_object_share',
 def hand_probe(evidence, checkpoint: str, data_root):
     """k-NN top-1 (k = 20) of the EMA teacher's CLS features, the share of its CLS attention
     on object patches (>= half object pixels) and the object patches' share, by hand."""
-    import torch
-    import torch.nn.functional as F
-    from mmengine.config import Config
-    from mmpretrain.registry import MODELS
-
-    from mst_mm.engine.safe_loading import read_checkpoint
-    from mst_research.data import load_object_masks
-    from tests.test_knn import hand_knn_top1, read_split
     model = MODELS.build(Config.fromfile(recipes.VIT_CONFIG).model)
     model.load_state_dict(read_checkpoint(checkpoint, map_location='cpu')['state_dict'])
     teacher = model.teacher.module[0]
@@ -95,7 +103,6 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
     assert summary['knn_probe']['mst_guided_mask'][0] == row['knn_probe']
     assert [c['epoch'] for c in row['guidance_by_epoch']] == [1]
     # The patch probe is the package's, on the teacher's patch tokens, with its default settings.
-    from mst_research.patch_probe import masked_splits, probe_patches
     model = load_model(recipes.pretrain_config(
         recipes.VIT_CONFIG, 'mst_guided_mask', 0, dict(epochs=1), str(data_root), str(out)),
         row['checkpoint'], 0)
@@ -160,7 +167,6 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
 
 
 def test_the_validation_split_holds_out_100_images_a_class_of_the_train_split():
-    from mst_research.data import load_silhouettes, stratified_split, validation_split
     _, labels = load_silhouettes()
     train, _ = stratified_split(labels)
     fit, val = validation_split(labels[train])
@@ -171,8 +177,6 @@ def test_the_validation_split_holds_out_100_images_a_class_of_the_train_split():
 
 def test_validation_mode_probes_without_the_test_images(tmp_path, small_package,  # noqa: F811
                                                        evidence, monkeypatch):
-    from mst_research import data as animal_shapes
-    from mst_research.data import class_folder_files, load_class_folders
     data_root = tmp_path / 'animals'
     objects = data_root / 'objects'
     write_object_images(str(objects), test_per_class=1, package_dir=small_package)
@@ -295,7 +299,6 @@ def assert_table_rows_in(table: str, text: str, count: int) -> None:
 def test_the_docs_state_the_committed_full_run_digit_for_digit(evidence):
     """docs/results/evidence_summary.json is the 6-epoch full run's summary: docs/evidence.md
     shows its tables as the tool renders them, line for line."""
-    from tests.helpers import REPO
     summary = json.loads((REPO / 'docs/results/evidence_summary.json').read_text())
     assert set(summary['knn_top1']) == {'raw_pixels', 'random_init', *recipes.VARIANTS}
     seeds = {v: len(summary['knn_top1'][v]) for v in recipes.VARIANTS}
@@ -311,7 +314,6 @@ def test_the_readme_states_the_committed_50_epoch_run_digit_for_digit(evidence):
     """docs/results/evidence_50e/summary.json is the run at the long recipe (every variant, DINO
     and MST-guided with 3 seeds, the supervised ceiling, Mask R-CNN and SETR fine-tuned and
     frozen); the README shows its tables as the tool prints them."""
-    from tests.helpers import REPO
     summary = json.loads((REPO / 'docs/results/evidence_50e/summary.json').read_text())
     assert summary['image_views_per_run'] >= 400_000
     assert set(summary['knn_top1']) == {'raw_pixels', 'random_init', 'supervised',
@@ -335,7 +337,6 @@ def test_the_readme_states_the_committed_50_epoch_run_digit_for_digit(evidence):
 def test_the_docs_state_the_three_seeds_of_the_quick_start_digit_for_digit(evidence):
     """docs/results/quick_start_3_seeds/summary.json is Quick-start command 1 with --seeds 3
     on the current views: docs/evidence.md shows its table as the tool renders it."""
-    from tests.helpers import REPO
     summary = json.loads((REPO / 'docs/results/quick_start_3_seeds/summary.json').read_text())
     seeds = {v: len(summary['knn_top1'][v]) for v in ('dino', 'mst_guided_mask')}
     assert seeds == {'dino': 3, 'mst_guided_mask': 3}

@@ -4,17 +4,30 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from mmengine.config import Config
+from mmpretrain.registry import MODELS
 
+from mst_mm.converters import extract_backbone
+from mst_mm.errors import CheckpointError, UserInputError
+from mst_research import data as animal_shapes
+from mst_research.data import write_object_images
 from mst_research.patch_probe import (
+    DEFAULT_LR,
+    DEFAULT_SETTINGS,
     confusion_matrix,
     load_frozen_backbone,
+    load_masked_images,
+    masked_splits,
     mean_iou,
     patch_labels,
     patch_probe_miou,
     pixel_labels,
     pixel_patches,
     predict_pixels,
+    probe_patches,
 )
+from mst_research.probes import patch_object_mask
+from tests.helpers import REPO, load_tool
 from tests.test_animal_shapes import small_package  # noqa: F401  (fixture)
 
 
@@ -29,7 +42,6 @@ def test_patch_labels_from_a_known_mask():
     labels = patch_labels(masks, classes, 4)
     assert labels.tolist() == [[[3, 3], [0, 0]], [[0, 0], [0, 10]]]
     # The same object patches as the guidance shares count.
-    from mst_research.probes import patch_object_mask
     assert torch.equal((labels > 0).flatten(1), patch_object_mask(masks, 4))
     pixels = pixel_labels(masks, classes)
     assert pixels[0, 0, 5] == 3 and pixels[0, 3, 5] == 0 and pixels[1, 6, 6] == 10
@@ -124,7 +136,6 @@ def test_probe_separates_a_planted_feature_perfectly():
 @pytest.fixture(scope='module')
 def objects_folder(tmp_path_factory, small_package):  # noqa: F811
     """Real rendered object images with their masks: 3 train and 1 test image a class."""
-    from mst_research.data import write_object_images
     root = tmp_path_factory.mktemp('objects')
     write_object_images(str(root), test_per_class=1, package_dir=small_package)
     return root
@@ -132,10 +143,6 @@ def objects_folder(tmp_path_factory, small_package):  # noqa: F811
 
 def tiny_mst_checkpoint(path):
     """A randomly initialised MST of the evidence config, its teacher unlike its student."""
-    from mmengine.config import Config
-    from mmpretrain.registry import MODELS
-
-    from tests.helpers import REPO
     config = str(REPO / 'configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py')
     cfg = Config.fromfile(config)
     torch.manual_seed(0)
@@ -149,9 +156,6 @@ def tiny_mst_checkpoint(path):
 
 
 def test_entry_point_on_a_tiny_folder_with_masks(tmp_path, objects_folder, capsys):
-    from mst_mm.converters import extract_backbone
-    from mst_research.patch_probe import masked_splits, probe_patches
-    from tests.helpers import load_tool
     config, cfg, mst = tiny_mst_checkpoint(tmp_path / 'mst.pth')
     tool = load_tool('tools/analysis/patch_probe.py')
     out = tmp_path / 'probe.json'
@@ -188,7 +192,6 @@ def test_entry_point_on_a_tiny_folder_with_masks(tmp_path, objects_folder, capsy
     for name, value in loaded.state_dict().items():
         assert torch.equal(value, teacher.state_dict()[name])
 
-    from mst_mm.errors import CheckpointError, UserInputError
     with pytest.raises(CheckpointError, match='does not exist'):
         tool.main([config, str(tmp_path / 'missing.pth'), '--data-root', str(objects_folder)])
     with pytest.raises(UserInputError, match='has no train_masks.npz'):
@@ -196,8 +199,6 @@ def test_entry_point_on_a_tiny_folder_with_masks(tmp_path, objects_folder, capsy
 
 
 def test_validation_split_is_carved_from_the_training_images(objects_folder, monkeypatch):
-    from mst_research import data as animal_shapes
-    from mst_research.patch_probe import load_masked_images, masked_splits
     monkeypatch.setattr(animal_shapes, 'VAL_PER_CLASS', 1)   # 3 training images a class
     fit, val = masked_splits(str(objects_folder), validation=True)
     train = load_masked_images(str(objects_folder), 'train')
@@ -215,7 +216,6 @@ def test_validation_split_is_carved_from_the_training_images(objects_folder, mon
 def validation_rows() -> list:
     """docs/evidence.md's table of the probe settings tried on the validation split, rendered
     from the committed runs (DINO's 50-epoch seed-0 teacher), best first."""
-    from tests.helpers import REPO
     rows = []
     for path in (REPO / 'docs/results/patch_probe_50e/validation').glob('*.json'):
         result = json.loads(path.read_text())
@@ -231,8 +231,6 @@ def validation_rows() -> list:
 def test_the_default_settings_are_the_validation_choice_the_docs_show():
     """The module's defaults are the committed candidate that the docs name as chosen, and the
     docs show every candidate as its file holds it."""
-    from mst_research.patch_probe import DEFAULT_LR, DEFAULT_SETTINGS
-    from tests.helpers import REPO
     docs = (REPO / 'docs/evidence.md').read_text()
     rows = validation_rows()
     assert len(rows) >= 10 and all(row in docs for row in rows)

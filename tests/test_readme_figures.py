@@ -6,6 +6,8 @@ import statistics
 from pathlib import Path
 from typing import List
 
+from mst_research import report
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / 'docs/results'
 
@@ -113,7 +115,6 @@ def test_the_renderers_follow_the_files(tmp_path):
 def test_the_quick_start_shows_the_committed_demo_table():
     """docs/results/quick_start/summary.json is Quick-start command 1's summary on this
     project's CPU machine; the README shows its table as the tool prints it."""
-    from mst_research import report
     summary = json.loads((RESULTS / 'quick_start/summary.json').read_text())
     seeds = {v: len(summary['knn_top1'][v]) for v in ('dino', 'mst_guided_mask')}
     table = report.format_table(summary, seeds)

@@ -6,8 +6,13 @@ import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
+from mmengine.runner import EpochBasedTrainLoop, set_random_seed
+from mmpretrain.registry import DATASETS, MODELS
 from PIL import Image
 
+from mst_mm.engine.safe_loading import read_checkpoint
+from mst_mm.models.algorithms.feature_embedder import embed_images
+from mst_research.data import image_batches, load_class_folders
 from mst_research.recipes import load_supervised_backbone, supervised_config, train_supervised
 from tests.helpers import REPO, scalars
 
@@ -50,12 +55,10 @@ def trained(tmp_path_factory):
 
 
 def read(checkpoint: str) -> dict:
-    from mst_mm.engine.safe_loading import read_checkpoint
     return read_checkpoint(checkpoint, map_location='cpu')
 
 
 def test_the_checkpoint_holds_the_pretraining_teachers_backbone_shapes(trained):
-    from mmpretrain.registry import MODELS
     cfg, _, work_dir, checkpoint = trained
     assert checkpoint == os.path.join(work_dir, f'epoch_{EPOCHS}.pth')
     state = read(checkpoint)['state_dict']
@@ -68,7 +71,6 @@ def test_the_checkpoint_holds_the_pretraining_teachers_backbone_shapes(trained):
 
 
 def test_the_indices_alone_are_trained_on(trained):
-    from mmpretrain.registry import DATASETS
     cfg, root, work_dir, checkpoint = trained
     assert read(checkpoint)['meta']['iter'] == EPOCHS * ITERS_PER_EPOCH   # 5, not 6, a epoch
     dataset = DATASETS.build(supervised_config(cfg, root, work_dir, EPOCHS, 0, INDICES,
@@ -90,8 +92,6 @@ def test_the_loss_falls_and_the_training_accuracy_rises_above_chance(trained):
 
 
 def test_every_backbone_weight_moved_from_its_initialisation(trained):
-    from mmengine.runner import set_random_seed
-    from mmpretrain.registry import MODELS
     cfg, root, work_dir, checkpoint = trained
     backbone, _, _ = load_supervised_backbone(checkpoint, cfg)
     # The runner's init: seeded, built, initialised (LayerNorms at 1 and 0, biases at 0).
@@ -104,10 +104,7 @@ def test_every_backbone_weight_moved_from_its_initialisation(trained):
 
 
 def test_the_loaded_backbone_embeds_as_the_probe_does(trained):
-    from mmpretrain.registry import MODELS
 
-    from mst_mm.models.algorithms.feature_embedder import embed_images
-    from mst_research.data import image_batches, load_class_folders
     cfg, root, work_dir, checkpoint = trained
     backbone, mean, std = load_supervised_backbone(checkpoint, cfg)
     assert not backbone.training and type(backbone).__name__ == 'MaskViT'
@@ -140,7 +137,6 @@ def test_a_rerun_of_a_finished_run_does_not_train(trained):
 
 
 def test_a_cut_run_resumes_from_its_last_epoch(tmp_path, monkeypatch):
-    from mmengine.runner import EpochBasedTrainLoop
     torch.set_num_threads(1)
     root = write_bands(tmp_path / 'objects')
     work_dir = str(tmp_path / 'supervised')

@@ -7,16 +7,17 @@
 #
 #   --dest DIR              where the wheels go (default: work_dirs/device_wheels, ignored by
 #                           git: copy it to the node with the checkout)
-#   --python-version X.Y    the GPU machine's Python (default: 3.12, as last read there)
+#   --python-version X.Y    the GPU node's Python (default: 3.12)
 #   --max-mib N             refuse a folder larger than N MiB (default: 60)
 #
 # The node is expected to have its own torch (CUDA), torchvision, numpy, timm, scipy,
 # scikit-image, scikit-learn, matplotlib, opencv-python-headless, rich, regex, pyyaml and
-# pytest (docs/install.md, "An air-gapped GPU node"). What it lacks is the OpenMMLab stack, which is pure Python except for two small compiled deps
-# (pycocotools, shapely: cp312 manylinux wheels), and a few small pure deps. mmcv comes as
-# mmcv-lite: no compiled ops, so mmdet's Mask R-CNN and mmseg cannot run there (check_gpu.sh
-# skips them and says so). Every version is pinned here so that the GPU run is reproducible;
-# torch, torchvision and numpy are never collected (the node's own CUDA builds are used).
+# pytest (docs/install.md, "An air-gapped GPU node"). What it lacks is the OpenMMLab stack,
+# which is pure Python except for two small compiled deps (pycocotools, shapely: cp312
+# manylinux wheels), and a few small pure deps. mmcv comes as mmcv-lite: no compiled ops, so
+# mmdet's Mask R-CNN and mmseg cannot run there (check_gpu.sh skips them and says so). Every
+# version is pinned here so that the GPU run is reproducible; torch, torchvision and numpy are
+# never collected (the node's own CUDA builds are used).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,34 +1,21 @@
 """The evidence run: does MST learn object features, does its mask avoid the object, and do
 its checkpoints transfer? On real animal silhouettes, on a CPU (tools/run_evidence.sh).
 
-1. Writes the data once (``mst_research.data``): 8,000 / 2,000 object images
-   (32 x 32, one animal) and detection / segmentation scenes (64 x 64, 1-4 animals).
-2. Pretrains the tiny ViT of ``configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py`` as
-   the paper's Table 4 at CPU scale: the DINO baseline, MST's decoder alone, the decoder
-   with a random mask hiding the same expected share of patches as the guided one
-   (p / num), and the decoder with the attention-guided mask (num = 8, p = 0.1). A k-NN
-   probe hook logs the held-out top-1 during pretraining.
-3. Probes the EMA teachers' CLS features (weighted k-NN, k = 20, T = 0.07, and a linear
-   probe) and their patch tokens (a frozen linear patch probe, mIoU) against raw pixels,
-   randomly initialised backbones and the same ViT trained with labels (the supervised
-   ceiling), and measures where the teachers' CLS attention and the guided mask fall against
-   the objects' pixel masks, at every epoch of seed 0.
-4. Fine-tunes Mask R-CNN (a small MaskSwin pretrained as DINO and as MST on the objects)
-   and SETR-naive (the ViTs) on the scenes, from random init, DINO and MST, with the
-   backbone trained and with it frozen (only the neck and heads train).
-5. Writes ``OUT/summary.json``, ``OUT/evidence_table.md`` and pictures to ``OUT/pictures``.
-
-Every finished unit is stored under ``OUT/results`` and skipped by a rerun, and a
-pretraining cut short resumes from its last epoch, so the command goes on where it stopped.
+It writes the object images and scenes once (``mst_research.data``); pretrains the tiny ViT
+of ``configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py`` as the rows of the paper's
+Table 4 (``mst_research.recipes``); probes the EMA teachers against raw pixels, random init
+and the supervised ceiling, and measures where their attention and the guided mask fall
+(``mst_research.probes``); fine-tunes Mask R-CNN and SETR on the scenes
+(``mst_research.transfer``); and writes ``OUT/summary.json``, ``OUT/evidence_table.md`` and
+``OUT/pictures`` (``mst_research.report``). Every finished unit is stored under
+``OUT/results`` and skipped by a rerun, and a cut pretraining resumes (``mst_research.runs``).
+docs/evidence.md says what the runs show.
 
     python tools/evidence.py [--quick] [--out work_dirs/evidence]
     python tools/evidence.py --only mst_guided_mask:1     # one row: pretraining, probes, guidance
     python tools/evidence.py --validation --only dino:10 --cfg-options ...   # a recipe candidate
     python tools/evidence.py --config CONFIG --from-checkpoints docs/results/evidence_50e
         # the committed run's probes again, from its teacher backbones, without pretraining
-
-``--validation`` is for choosing recipes: it trains without 1,000 images carved from the
-training images and probes on them, never reading the test images (docs/evidence.md).
 """
 import argparse
 import os
@@ -39,26 +26,9 @@ from typing import Optional, Sequence
 import torch
 from mmengine.config import Config, DictAction
 
-from mst_research import REPO
+from mst_research import REPO, recipes, runs
 from mst_research.probes import Probe
-from mst_research.recipes import (
-    DEFAULT_DATA_ROOT,
-    TRANSFER_FROM,
-    TRANSFER_TARGETS,
-    VARIANTS,
-    VIT_CONFIG,
-    make_schedule,
-    prepare_data,
-)
-from mst_research.runs import (
-    Store,
-    from_checkpoints,
-    plan_units,
-    rerun_row,
-    run_all,
-    run_lanes,
-    run_unit,
-)
+from mst_research.recipes import TRANSFER_FROM, TRANSFER_TARGETS, VARIANTS, VIT_CONFIG
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -72,7 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--data-root', default=None,
                         help='a folder with objects/ and scenes/ as '
                         'tools/misc/write_animal_shapes.py writes them (default: '
-                        f'{DEFAULT_DATA_ROOT}, written on the first run)')
+                        f'{recipes.DEFAULT_DATA_ROOT}, written on the first run)')
     parser.add_argument('--only', metavar='VARIANT:SEED',
                         help='rerun one row (pretraining, k-NN, linear probe, guidance) into '
                         'OUT/rerun and print it beside the full run\'s spread; variants: '
@@ -118,13 +88,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='recipe options merged into the ViT pretraining config of every '
                         'row, e.g. custom_hooks.0.start=0.04 (key=value, as tools/train.py)')
     parser.add_argument('--from-checkpoints', metavar='RUN_DIR',
-                        help='recompute the probes (k-NN, linear, patch), guidance shares and '
-                        'the evidence picture of a finished run from its teacher backbones, '
-                        'RUN_DIR/checkpoints/ROW_seedS.pth (mst2downstream.py --target '
-                        'mmpretrain), without pretraining; writes OUT/summary.json, RUN_DIR\'s '
-                        'summary with the recomputed values, and says whether each equals '
-                        'the committed one, e.g. docs/results/evidence_50e with --config '
-                        'configs/mst/mst_vit-tiny-p4_1xb64-coslr-50e_animals.py')
+                        help='recompute the probes, guidance shares and evidence picture of a '
+                        'finished run, e.g. docs/results/evidence_50e (with its --config), '
+                        'from its teacher backbones, RUN_DIR/checkpoints/ROW_seedS.pth, '
+                        'without pretraining, into OUT/summary.json; says whether each value '
+                        'equals the committed one')
     # A lane's process: these units only, then exit (used by --jobs).
     parser.add_argument('--units', default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -149,25 +117,26 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    schedule = make_schedule(args)
+    schedule = recipes.make_schedule(args)
     out = args.out or ('work_dirs/evidence_quick' if args.quick else 'work_dirs/evidence')
-    data_root = prepare_data(args.data_root, transfer=bool(args.transfer_targets)
-                             and not args.from_checkpoints)
+    data_root = recipes.prepare_data(
+        args.data_root, transfer=bool(args.transfer_targets) and not args.from_checkpoints)
     probe = Probe(data_root, validation=args.validation,
                   patch_size=Config.fromfile(schedule['config']).model.backbone.patch_size)
     if args.only:
-        return rerun_row(args.only, probe, schedule, data_root, out)
+        return runs.rerun_row(args.only, probe, schedule, data_root, out)
     if args.from_checkpoints:
-        return from_checkpoints(args.from_checkpoints, probe, schedule, data_root, out)
-    store = Store(out)
+        return runs.from_checkpoints(args.from_checkpoints, probe, schedule, data_root, out)
+    store = runs.Store(out)
     if args.units:
         for name in args.units.split(','):
-            run_unit(name, store, probe, schedule, data_root, out)
+            runs.run_unit(name, store, probe, schedule, data_root, out)
         return {}
     if args.jobs > 1:
         argv = sys.argv[1:] if argv is None else list(argv)
-        run_lanes(plan_units(schedule), args.jobs, [osp.abspath(__file__), *argv], store, out)
-    return run_all(store, probe, schedule, data_root, out)
+        runs.run_lanes(runs.plan_units(schedule), args.jobs, [osp.abspath(__file__), *argv],
+                       store, out)
+    return runs.run_all(store, probe, schedule, data_root, out)
 
 
 if __name__ == '__main__':

@@ -7,19 +7,13 @@
     python tools/analysis/patch_probe.py CONFIG CKPT --data-root DIR --validation \
         --optimizer sgd --lr 0.1 --epochs 20
 
-CONFIG is the MST pretraining config whose ``model.backbone`` (a ViT) the checkpoint fits,
-and whose data preprocessor's mean and std normalise the images. CKPT is an MST training
-checkpoint (teacher weights by default), a checkpoint with ``backbone.*`` keys, or a
-backbone alone (``mst2downstream.py --target mmpretrain``); it is loaded weights-only, every
-weight of the backbone required.
-
-DIR holds ``train/<class>/*.png``, ``test/<class>/*.png`` and their object masks,
-``train_masks.npz`` and ``test_masks.npz`` (``files``, ``masks``), as
-``tools/misc/write_animal_shapes.py`` writes them under ``objects/``; the evidence data
-root (with ``objects/``) is accepted too. A linear layer on the frozen last-layer patch
-tokens is trained on the training images' patches, labelled background or the image's
-class, and scored on the test images as mIoU over background and the classes
-(``mst_research.patch_probe`` says how).
+CONFIG is the MST pretraining config whose ``model.backbone`` (a ViT) the checkpoint fits and
+whose data preprocessor normalises the images. CKPT is an MST training checkpoint (teacher
+weights by default), a checkpoint with ``backbone.*`` keys, or a backbone alone
+(``mst2downstream.py --target mmpretrain``), loaded weights-only, every weight required. DIR
+holds the object images with their masks as ``tools/misc/write_animal_shapes.py`` writes them
+under ``objects/`` (the evidence data root is accepted too); ``mst_research.patch_probe``
+says how the probe trains and scores.
 """
 import argparse
 import json
@@ -30,15 +24,7 @@ from mmengine.config import Config
 
 from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool
 from mst_mm.errors import CheckpointError, UserInputError
-from mst_research.patch_probe import (
-    DEFAULT_LR,
-    DEFAULT_SETTINGS,
-    NORMALIZATIONS,
-    OPTIMIZERS,
-    load_frozen_backbone,
-    masked_splits,
-    probe_patches,
-)
+from mst_research import patch_probe
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -56,22 +42,23 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='train on the training images less 100 a class, and score on '
                         'those 100 a class (for choosing the settings; the test images are '
                         'not read)')
-    d = DEFAULT_SETTINGS
-    parser.add_argument('--optimizer', choices=OPTIMIZERS, default=d['optimizer'],
+    d = patch_probe.DEFAULT_SETTINGS
+    parser.add_argument('--optimizer', choices=patch_probe.OPTIMIZERS, default=d['optimizer'],
                         help=f'default: {d["optimizer"]}')
     parser.add_argument('--epochs', type=int, default=d['epochs'],
                         help='passes over the training patches (lbfgs: iterations) '
                         f'(default: {d["epochs"]})')
     parser.add_argument('--lr', type=float, default=d['lr'],
                         help='default: the optimiser\'s, ' + ', '.join(
-                            f'{k} {v}' for k, v in DEFAULT_LR.items()))
+                            f'{k} {v}' for k, v in patch_probe.DEFAULT_LR.items()))
     parser.add_argument('--weight-decay', type=float, default=d['weight_decay'],
                         help=f'default: {d["weight_decay"]}')
     parser.add_argument('--batch-size', type=int, default=d['batch_size'],
                         help=f'patches per step of adamw and sgd (default: {d["batch_size"]})')
-    parser.add_argument('--normalize', choices=NORMALIZATIONS, default=d['normalize'],
-                        help='standardize: each channel by the training patches\' mean and '
-                        f'std; none: as they are (default: {d["normalize"]})')
+    parser.add_argument('--normalize', choices=patch_probe.NORMALIZATIONS,
+                        default=d['normalize'], help='standardize: each channel by the '
+                        'training patches\' mean and std; none: as they are (default: '
+                        f'{d["normalize"]})')
     parser.add_argument('--seed', type=int, default=d['seed'])
     parser.add_argument('--out', metavar='FILE.json', help='write the results as a JSON file')
     add_cfg_options_argument(parser)
@@ -97,18 +84,16 @@ def main(argv=None) -> dict:
         raise CheckpointError(f'Checkpoint {args.checkpoint} does not exist.')
     cfg = Config.fromfile(args.config)
     merge_cfg_options(cfg, args.cfg_options)
-    settings = dict(optimizer=args.optimizer, epochs=args.epochs, lr=args.lr,
-                    weight_decay=args.weight_decay, batch_size=args.batch_size,
-                    normalize=args.normalize, seed=args.seed)
-    train, test = masked_splits(objects_root(args.data_root), args.validation)
-    backbone = load_frozen_backbone(cfg.model.backbone, args.checkpoint, args.weights)
+    settings = {key: getattr(args, key) for key in patch_probe.DEFAULT_SETTINGS}
+    train, test = patch_probe.masked_splits(objects_root(args.data_root), args.validation)
+    backbone = patch_probe.load_frozen_backbone(cfg.model.backbone, args.checkpoint, args.weights)
     pre = cfg.model.data_preprocessor
     rows = {}
     if args.raw_pixels:
-        rows['raw_pixels'] = probe_patches(train, test, patch_size=cfg.model.backbone.patch_size,
-                                           **settings)
-    rows[osp.basename(args.checkpoint)] = probe_patches(train, test, backbone, pre.mean,
-                                                        pre.std, **settings)
+        rows['raw_pixels'] = patch_probe.probe_patches(
+            train, test, patch_size=cfg.model.backbone.patch_size, **settings)
+    rows[osp.basename(args.checkpoint)] = patch_probe.probe_patches(
+        train, test, backbone, pre.mean, pre.std, **settings)
     used = next(iter(rows.values()))['settings']   # with the optimiser's lr filled in
     print(f'\nfrozen patch probe, {len(train.classes)} training / {len(test.classes)} '
           f"{'validation' if args.validation else 'test'} images, {args.weights} weights, "

@@ -4,8 +4,8 @@
 
 writes ``OUT/objects`` (8,000 train and 2,000 test 32 x 32 images, ``<split>/<class>/*.png``,
 with the object masks in ``<split>_masks.npz``) and ``OUT/scenes`` (COCO annotations and mmseg
-label maps); see ``mst_research.data``. Both are fixed by ``--seed`` and kept
-when already written with the same settings.
+label maps) as ``mst_research.data`` renders them, fixed by ``--seed`` and kept when written
+with the same settings.
 """
 import argparse
 import os.path as osp

@@ -1,9 +1,6 @@
-"""Object images with known masks, and COCO/mmseg scenes, rendered from ``animal-shape-mnist``
-silhouettes. See docs/evidence.md (Data).
-
-Also the photo crops that the loader benchmark reads (:func:`write_photo_crops`), and class
-folders read once into memory for the probes (:func:`load_class_folders`).
-"""
+"""The evidence data, rendered from ``animal-shape-mnist`` silhouettes (docs/evidence.md, Data):
+object images with their masks and COCO/mmseg scenes; also the photo crops that the loader
+benchmark reads (:func:`write_photo_crops`), and class folders read into memory at once."""
 import gzip
 import importlib.util
 import json
@@ -15,6 +12,9 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import numpy as np
 import torch
 from PIL import Image
+from pycocotools import mask as mask_utils
+from skimage import data as skimage_data
+from skimage.util import img_as_ubyte
 
 CLASSES = ('bear', 'bird', 'cat', 'cow', 'dog', 'elephant', 'giraffe', 'horse', 'sheep',
            'zebra')
@@ -28,8 +28,9 @@ BACKGROUND_LEVEL, BACKGROUND_NOISE, BACKGROUND_SMOOTHING = 0.35, 0.16, 1.5
 OBJECT_LEVEL, OBJECT_NOISE = 0.78, 0.06
 
 
-def silhouette_files(package_dir: Optional[str] = None) -> Tuple[str, str]:
-    """Paths of the silhouette and label arrays inside the installed package."""
+def load_silhouettes(package_dir: Optional[str] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """The (10000, 28, 28) uint8 silhouettes and their (10000,) class indices, from the
+    installed package (or a folder laid out as it is)."""
     if package_dir is None:
         spec = importlib.util.find_spec(PACKAGE)
         if spec is None or not spec.submodule_search_locations:
@@ -37,17 +38,12 @@ def silhouette_files(package_dir: Optional[str] = None) -> Tuple[str, str]:
                 f'{PACKAGE} is not installed: pip install animal-shape-mnist==0.39 '
                 '(requirements/runtime.txt pins it; tools/setup_env.sh installs it).')
         package_dir = list(spec.submodule_search_locations)[0]
-    paths = tuple(osp.join(package_dir, 'data', 'Animal Shape', name) for name in DATA_FILES)
-    missing = [p for p in paths if not osp.isfile(p)]
+    data_path, label_path = (osp.join(package_dir, 'data', 'Animal Shape', name)
+                             for name in DATA_FILES)
+    missing = [p for p in (data_path, label_path) if not osp.isfile(p)]
     if missing:
         raise FileNotFoundError(f'{PACKAGE} is installed but lacks {missing}: reinstall it '
                                 '(pip install --force-reinstall animal-shape-mnist==0.39).')
-    return paths
-
-
-def load_silhouettes(package_dir: Optional[str] = None) -> Tuple[np.ndarray, np.ndarray]:
-    """The (10000, 28, 28) uint8 silhouettes and their (10000,) class indices."""
-    data_path, label_path = silhouette_files(package_dir)
     with gzip.open(data_path, 'rb') as f:
         images = np.asarray(pickle.load(f), dtype=np.uint8)
     with gzip.open(label_path, 'rb') as f:
@@ -165,12 +161,9 @@ def render_object_image(silhouette: np.ndarray, rng: np.random.RandomState,
 def render_scene(silhouettes: List[np.ndarray], rng: np.random.RandomState, size: int = 64,
                  area_share: Tuple[float, float] = (0.04, 0.12), min_visible: float = 0.75,
                  tries: int = 20) -> Tuple[np.ndarray, List[Optional[np.ndarray]]]:
-    """Several animals on one canvas, later ones in front, each keeping ``min_visible``.
-
-    Returns:
-        tuple: the (size, size, 3) uint8 image and, per silhouette, its visible bool mask,
-        or None where no place was found in ``tries`` draws (then it is not painted).
-    """
+    """Several animals on one canvas, later ones in front, each keeping ``min_visible``: the
+    (size, size, 3) uint8 image and each silhouette's visible bool mask, None where no place
+    was found in ``tries`` draws (then it is not painted)."""
     image = background(rng, size, size)
     visible: List[Optional[np.ndarray]] = []
     for silhouette in silhouettes:
@@ -200,32 +193,31 @@ def tight_box(mask: np.ndarray) -> List[float]:
             float(ys.max() - ys.min() + 1)]
 
 
-def _save_png(array: np.ndarray, path: str) -> None:
-    Image.fromarray(array).save(path)
-
-
-def _written_with(stamp: str, settings: dict) -> Optional[dict]:
-    """The summary in ``stamp`` if a folder was written there with these settings, else None."""
-    if not osp.isfile(stamp):
+def _written_with(out: str, settings: dict) -> Optional[dict]:
+    """The summary of ``out`` if it was written with these settings, else None."""
+    if not osp.isfile(osp.join(out, 'dataset.json')):
         return None
-    with open(stamp) as f:
+    with open(osp.join(out, 'dataset.json')) as f:
         summary = json.load(f)
     return summary if summary.get('settings') == settings else None
+
+
+def write_json(path: str, value: dict) -> dict:
+    """Write ``value`` to ``path`` at once (a cut run leaves the old file or none); return it."""
+    with open(path + '.tmp', 'w') as f:
+        json.dump(value, f, indent=2)
+    os.replace(path + '.tmp', path)
+    return value
 
 
 def write_object_images(out: str, canvas: int = 32, test_per_class: int = 200,
                         seed: int = 0, package_dir: Optional[str] = None) -> dict:
     """Write ``out/{train,test}/<class>/<index>.png`` and ``out/{train,test}_masks.npz``
-    (sorted ``files`` and their bool ``masks``), unless written with the same settings.
-
-    Returns:
-        dict: the settings and the image counts (also in ``out/dataset.json``).
-    """
+    (sorted ``files`` and their bool ``masks``), unless written with the same settings; the
+    settings and the image counts, also in ``out/dataset.json``."""
     settings = dict(version=RENDER_VERSION, canvas=canvas, test_per_class=test_per_class,
                     seed=seed, kind='objects')
-    stamp = osp.join(out, 'dataset.json')
-    written = _written_with(stamp, settings)
-    if written:
+    if written := _written_with(out, settings):
         return written
     silhouettes, labels = load_silhouettes(package_dir)
     summary = dict(settings=settings, classes=list(CLASSES))
@@ -237,16 +229,14 @@ def write_object_images(out: str, canvas: int = 32, test_per_class: int = 200,
             image, mask = render_object_image(silhouettes[index], rng, canvas)
             rel = osp.join(split, CLASSES[labels[index]], f'{index:05d}.png')
             os.makedirs(osp.dirname(osp.join(out, rel)), exist_ok=True)
-            _save_png(image, osp.join(out, rel))
+            Image.fromarray(image).save(osp.join(out, rel))
             files.append(rel)
             masks.append(mask)
         order = np.argsort(files)
         np.savez_compressed(osp.join(out, f'{split}_masks.npz'),
                             files=np.array(files)[order], masks=np.stack(masks)[order])
         summary[split] = len(files)
-    with open(stamp, 'w') as f:
-        json.dump(summary, f, indent=2)
-    return summary
+    return write_json(osp.join(out, 'dataset.json'), summary)
 
 
 def load_object_masks(out: str, split: str = 'test') -> Dict[str, np.ndarray]:
@@ -261,14 +251,10 @@ def write_scenes(out: str, train_scenes: int = 400, val_scenes: int = 100, size:
     """Write scenes of 1-``max_objects`` animals: ``out/{train,val}/<id>.png``, COCO
     ``out/annotations/instances_{train,val}.json`` and mmseg ``out/labels/{train,val}/``
     (0 = background). Val scenes use test-split silhouettes only; idempotent."""
-    from pycocotools import mask as mask_utils
-
     settings = dict(version=RENDER_VERSION, train_scenes=train_scenes, val_scenes=val_scenes,
                     size=size, max_objects=max_objects, test_per_class=test_per_class,
                     seed=seed, kind='scenes')
-    stamp = osp.join(out, 'dataset.json')
-    written = _written_with(stamp, settings)
-    if written:
+    if written := _written_with(out, settings):
         return written
     silhouettes, labels = load_silhouettes(package_dir)
     pools = dict(zip(('train', 'val'), stratified_split(labels, test_per_class, seed)))
@@ -283,7 +269,7 @@ def write_scenes(out: str, train_scenes: int = 400, val_scenes: int = 100, size:
             chosen = rng.choice(pools[split], rng.randint(1, max_objects + 1), replace=False)
             image, visible = render_scene([silhouettes[i] for i in chosen], rng, size)
             name = f'{image_id:06d}.png'
-            _save_png(image, osp.join(out, split, name))
+            Image.fromarray(image).save(osp.join(out, split, name))
             label_map = np.zeros((size, size), dtype=np.uint8)
             for index, mask in zip(chosen, visible):
                 if mask is None:
@@ -295,15 +281,13 @@ def write_scenes(out: str, train_scenes: int = 400, val_scenes: int = 100, size:
                     category_id=int(labels[index]) + 1, bbox=tight_box(mask),
                     area=float(mask.sum()), iscrowd=0, silhouette_index=int(index),
                     segmentation=dict(size=[size, size], counts=rle['counts'].decode())))
-            _save_png(label_map, osp.join(out, 'labels', split, name))
+            Image.fromarray(label_map).save(osp.join(out, 'labels', split, name))
             images.append(dict(id=image_id, file_name=name, height=size, width=size))
         os.makedirs(osp.join(out, 'annotations'), exist_ok=True)
         with open(osp.join(out, 'annotations', f'instances_{split}.json'), 'w') as f:
             json.dump(dict(images=images, annotations=annotations, categories=categories), f)
         summary[split] = dict(images=count, objects=len(annotations))
-    with open(stamp, 'w') as f:
-        json.dump(summary, f, indent=2)
-    return summary
+    return write_json(osp.join(out, 'dataset.json'), summary)
 
 
 PHOTOS = ('astronaut', 'camera', 'cat', 'coffee', 'rocket', 'retina', 'hubble_deep_field',
@@ -312,22 +296,10 @@ PHOTOS = ('astronaut', 'camera', 'cat', 'coffee', 'rocket', 'retina', 'hubble_de
 
 def write_photo_crops(out: str, num_images: int = 2048, size: int = 256,
                       seed: int = 0, height: Optional[int] = None) -> Dict[str, object]:
-    """Write ``num_images`` random crops of the bundled photos to ``out/<i>.jpg`` once.
-
-    Args:
-        out (str): Folder to write; one written with the same arguments is kept.
-        num_images (int): Crops to write, drawn round-robin from :data:`PHOTOS`.
-        size (int): Width of the JPEGs, in pixels.
-        seed (int): Seed of the crop positions and sizes.
-        height (int, optional): Height of the JPEGs; ``None``: ``size`` (square). 500 x 375
-            is an average ImageNet photo's size.
-
-    Returns:
-        dict: The summary also stored in ``out/photos.json``.
-    """
-    from skimage import data
-    from skimage.util import img_as_ubyte
-
+    """Write ``num_images`` random crops of the bundled photos (round-robin over
+    :data:`PHOTOS`, positions and sizes drawn with ``seed``) to ``out/<i>.jpg``, ``size`` wide
+    and ``height`` high (default: square; 500 x 375 is an average ImageNet photo's), unless
+    written with the same arguments; the summary, also in ``out/photos.json``."""
     summary = dict(sources=list(PHOTOS), num_images=num_images, size=size, seed=seed)
     if height is not None and height != size:
         summary['height'] = height
@@ -340,7 +312,7 @@ def write_photo_crops(out: str, num_images: int = 2048, size: int = 256,
     os.makedirs(out, exist_ok=True)
     photos = []
     for name in PHOTOS:
-        img = img_as_ubyte(getattr(data, name)())
+        img = img_as_ubyte(getattr(skimage_data, name)())
         photos.append(np.repeat(img[..., None], 3, axis=2) if img.ndim == 2 else img[..., :3])
     rng = np.random.RandomState(seed)
     for i in range(num_images):
@@ -354,9 +326,7 @@ def write_photo_crops(out: str, num_images: int = 2048, size: int = 256,
         crop = Image.fromarray(np.ascontiguousarray(img[top:top + box_h, left:left + box_w]))
         crop.resize((size, height), Image.BICUBIC).save(osp.join(out, f'{i:05d}.jpg'),
                                                         quality=90)
-    with open(stamp, 'w') as f:
-        json.dump(summary, f, indent=2)
-    return summary
+    return write_json(stamp, summary)
 
 
 def class_folder_files(root: str) -> Tuple[List[str], torch.Tensor]:

@@ -1,32 +1,22 @@
 """A frozen patch-feature probe: a linear classifier on each patch token, scored as mIoU.
 
-The probe of DINOv2 and iBOT's linear segmentation, at the scale of one object per image:
-
-1. **Features.** The frozen last-layer patch tokens :math:`f_{n,ij} \\in \\mathbb{R}^C` of
-   image :math:`n` (:func:`embed_patches`), or its raw pixels, each patch's :math:`3 p^2`
-   values flattened (:func:`pixel_patches`), the baseline every learned feature must beat.
-2. **Labels.** From the object's pixel mask :math:`m_n \\in \\{0, 1\\}^{H \times W}` and the
-   image's class :math:`c_n \\in \\{1..K\\}` (0 is background): :func:`patch_labels` at the
-   patch grid, :func:`pixel_labels` at the pixels.
-3. **Classifier.** One linear layer shared by all patches (a 1 x 1 convolution),
-   :math:`s_{ij} = W \\hat f_{ij} + b`, trained by cross-entropy on the training images'
-   patches (:func:`train_patch_probe`, full-batch L-BFGS by default); :math:`\\hat f` is
-   standardised with the training patches' statistics.
-4. **Score.** mIoU over the K + 1 classes (:func:`mean_iou`), at the patch grid
-   (:math:`\arg\\max_k s_{ij,k}`) and at the pixels, the scores upsampled bilinearly to the
-   image size before the argmax (:func:`predict_pixels`).
-
-:func:`patch_probe_miou` does 2-4 on features already computed.
-
-The object images (:func:`masked_splits`, :func:`probe_patches`):
-``objects/{train,test}/<class>/*.png`` and the masks that ``write_object_images`` stores
-beside them; the image's class is its folder's index + 1 (0 is background); the test images
-are the test folder, or, with ``validation``, the validation images carved from the training
-folder, so that the probe's settings are chosen without reading the test images.
+The probe of DINOv2 and iBOT's linear segmentation, at the scale of one object per image: the
+frozen last-layer patch tokens (:func:`embed_patches`), or each patch's raw pixels
+(:func:`pixel_patches`, the baseline every learned feature must beat), are labelled
+background (0) or the image's class (its folder's index + 1) from the object's pixel mask
+(:func:`patch_labels`, :func:`pixel_labels`); one linear layer shared by all patches (a 1 x 1
+convolution) is trained by cross-entropy on the training images' patches
+(:func:`train_patch_probe`, full-batch L-BFGS by default) and scored as mIoU over background
+and the classes (:func:`mean_iou`), at the patch grid and at the pixels
+(:func:`predict_pixels`). :func:`patch_probe_miou` does it on features already computed,
+:func:`probe_patches` on the object images of :func:`masked_splits` (the masks that
+``write_object_images`` stores beside them): the test folder, or with ``validation`` the
+validation images carved from the training folder, so that the probe's settings are chosen
+without reading the test images.
 """
 import math
 import os.path as osp
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -59,19 +49,11 @@ def load_frozen_backbone(backbone_cfg: dict, checkpoint: Optional[str],
     return load_backbone(dict(backbone_cfg, use_mask_token=False), checkpoint, weights)
 
 
-# ------------------------------------------------------------------------------- labels
 def patch_labels(masks: torch.Tensor, classes: torch.Tensor, patch_size: int) -> torch.Tensor:
-    r"""(N, H, W) bool object masks and (N,) classes in 1..K -> (N, H/p, W/p) patch labels.
-
-    A patch is the object's when at least half of its :math:`p^2` pixels are:
-
-    .. math::
-        y_{n,ij} = c_n \cdot \mathbb{1}\Big[\frac{1}{p^2} \sum_{(u, v) \in P_{ij}}
-        m_n(u, v) \ge \tfrac{1}{2}\Big],
-
-    else background, 0: the rule of ``mst_research.probes.patch_object_mask``, so that
-    the probe's object patches are the ones the guidance shares count.
-    """
+    """(N, H, W) bool object masks and (N,) classes in 1..K -> (N, H/p, W/p) patch labels:
+    the image's class where at least half of a patch's p^2 pixels are object, else background,
+    0 (the rule by which ``mst_research.probes.patch_object_mask`` counts the object patches
+    of the guidance shares)."""
     if masks.dim() != 3 or classes.shape != masks.shape[:1]:
         raise ValueError(f'masks must be (N, H, W) and classes (N,), got '
                          f'{tuple(masks.shape)} and {tuple(classes.shape)}.')
@@ -92,7 +74,6 @@ def _check_divisible(size: Sequence[int], patch_size: int) -> None:
                          f'{patch_size}: patches would straddle the border.')
 
 
-# ----------------------------------------------------------------------------- features
 def pixel_patches(images: torch.Tensor, patch_size: int) -> torch.Tensor:
     """(N, 3, H, W) images -> (N, 3 p^2, H/p, W/p) float: each patch's pixels, flattened
     channel by channel and row by row, as its feature (the raw-pixels row)."""
@@ -102,7 +83,6 @@ def pixel_patches(images: torch.Tensor, patch_size: int) -> torch.Tensor:
     return cols.reshape(n, c * patch_size ** 2, h // patch_size, w // patch_size)
 
 
-# ---------------------------------------------------------------------------- classifier
 class PatchProbe(nn.Module):
     r"""A 1 x 1 linear layer on frozen (N, C, h, w) feature maps:
     :math:`s_{ij} = W \, (f_{ij} - \mu) / \sigma + b`, scores (N, K, h, w); :math:`\mu,
@@ -131,22 +111,15 @@ def train_patch_probe(feats: torch.Tensor, labels: torch.Tensor, num_classes: in
                       optimizer: str = 'lbfgs', epochs: int = 300, lr: Optional[float] = None,
                       weight_decay: float = 0.0, batch_size: int = 1024,
                       normalize: str = 'standardize', seed: int = 0) -> PatchProbe:
-    r"""A :class:`PatchProbe` fit to (N, C, h, w) frozen features and (N, h, w) labels:
-
-    .. math::
-        \min_{W, b} \frac{1}{|P|} \sum_{(n, ij) \in P} \mathrm{CE}(W \hat f_{n,ij} + b,
-        y_{n,ij}) + \lambda \|W\|^2
-
-    over every training patch :math:`P`, :math:`\lambda` = ``weight_decay`` (``lbfgs``; for
-    ``adamw`` and ``sgd`` it is the optimiser's weight decay, on :math:`W` and :math:`b`).
-    An epoch is one pass over the patches: shuffled minibatches of ``batch_size`` with a
-    cosine-decayed ``lr`` (``adamw``; ``sgd`` with momentum 0.9, as DINO's linear probe), or
-    one full-batch L-BFGS iteration (``lbfgs``, ``lr`` its step); ``lr=None`` takes
-    ``DEFAULT_LR[optimizer]``.
-    ``normalize='standardize'`` fixes :math:`\hat f = (f - \mu) / \sigma` with the training
-    patches' per-channel statistics (a frozen BatchNorm); ``'none'`` keeps :math:`f`. Seeded
-    by ``seed`` (initialisation and order), so a rerun gives the same probe.
-    """
+    """A :class:`PatchProbe` fit to (N, C, h, w) frozen features and (N, h, w) labels: the
+    mean cross-entropy over the training patches, plus ``weight_decay`` * ||W||^2 (``lbfgs``;
+    for ``adamw`` and ``sgd`` the optimiser's weight decay, on W and b). An epoch is one
+    full-batch L-BFGS iteration (``lbfgs``, ``lr`` its step) or one pass over the patches in
+    shuffled minibatches of ``batch_size`` with a cosine-decayed ``lr`` (``adamw``; ``sgd``
+    with momentum 0.9, as DINO's linear probe); ``lr=None`` takes ``DEFAULT_LR[optimizer]``.
+    ``normalize='standardize'`` fixes the training patches' per-channel mean and std (a
+    frozen BatchNorm); ``'none'`` keeps the features. Seeded by ``seed`` (initialisation and
+    order), so a rerun gives the same probe."""
     if optimizer not in OPTIMIZERS or normalize not in NORMALIZATIONS:
         raise ValueError(f'optimizer must be one of {OPTIMIZERS} and normalize one of '
                          f'{NORMALIZATIONS}, got {optimizer!r} and {normalize!r}.')
@@ -165,28 +138,31 @@ def train_patch_probe(feats: torch.Tensor, labels: torch.Tensor, num_classes: in
             probe.mean.copy_(x.mean(0))
             probe.std.copy_(x.std(0) + 1e-6)   # constant channels (a flat pixel) stay finite
     params = list(probe.linear.parameters())
-    with torch.enable_grad():
-        if optimizer == 'lbfgs':
-            _fit_lbfgs(probe, x, y, params, epochs, lr, weight_decay)
-        else:
+    if optimizer == 'lbfgs':
+        minimise_lbfgs(params, lambda: F.cross_entropy(probe.classify(x), y)
+                       + weight_decay * probe.linear.weight.pow(2).sum(), epochs, lr)
+    else:
+        with torch.enable_grad():
             _fit_minibatch(probe, x, y, params, optimizer, epochs, lr, weight_decay,
                            batch_size, generator)
     return probe.eval()
 
 
-def _fit_lbfgs(probe: PatchProbe, x: torch.Tensor, y: torch.Tensor, params: List[torch.Tensor],
-               epochs: int, lr: float, weight_decay: float) -> None:
-    solver = torch.optim.LBFGS(params, lr=lr, max_iter=epochs, history_size=20,
+def minimise_lbfgs(params: List[torch.Tensor], loss: Callable[[], torch.Tensor],
+                   iterations: int, lr: float = 1.0) -> None:
+    """Full-batch L-BFGS on ``loss()`` (history 20, strong Wolfe line search): no schedule to
+    tune, and deterministic, so a probe's score depends only on the features."""
+    solver = torch.optim.LBFGS(params, lr=lr, max_iter=iterations, history_size=20,
                                line_search_fn='strong_wolfe')
 
     def closure() -> torch.Tensor:
         solver.zero_grad()
-        loss = (F.cross_entropy(probe.classify(x), y)
-                + weight_decay * probe.linear.weight.pow(2).sum())
-        loss.backward()
-        return loss
+        value = loss()
+        value.backward()
+        return value
 
-    solver.step(closure)
+    with torch.enable_grad():
+        solver.step(closure)
 
 
 def _fit_minibatch(probe: PatchProbe, x: torch.Tensor, y: torch.Tensor,
@@ -211,7 +187,6 @@ def _fit_minibatch(probe: PatchProbe, x: torch.Tensor, y: torch.Tensor,
             schedule.step()
 
 
-# --------------------------------------------------------------------------------- score
 def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int) -> torch.Tensor:
     """(K, K) int64 counts, rows the true class, columns the predicted one."""
     index = target.reshape(-1).long() * num_classes + pred.reshape(-1).long()
@@ -219,17 +194,10 @@ def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int)
 
 
 def mean_iou(confusion: torch.Tensor) -> Tuple[float, List[Optional[float]]]:
-    r"""mIoU (%) and the per-class IoU of a confusion matrix pooled over the whole set:
-
-    .. math::
-        \mathrm{IoU}_k = \frac{TP_k}{TP_k + FP_k + FN_k}, \qquad
-        \mathrm{mIoU} = \frac{100}{|\mathcal{K}|} \sum_{k \in \mathcal{K}} \mathrm{IoU}_k,
-        \quad \mathcal{K} = \{k : TP_k + FP_k + FN_k > 0\}.
-
-    A class absent from both the truth and the prediction (0 / 0) does not count: it is left
-    out of the mean and its IoU is None (mmseg's ``IoUMetric`` does the same with nanmean). A
-    class present in only one of them counts, with IoU 0.
-    """
+    """mIoU (%) and the per-class IoU, TP / (TP + FP + FN), of a confusion matrix pooled over
+    the whole set. A class absent from both the truth and the prediction (0 / 0) is left out
+    of the mean and its IoU is None (as mmseg's ``IoUMetric`` does with nanmean); a class
+    present in only one of them counts, with IoU 0."""
     confusion = confusion.double()
     tp = confusion.diag()
     union = confusion.sum(0) + confusion.sum(1) - tp   # TP + FP + FN
@@ -270,34 +238,32 @@ def evaluate_patch_probe(probe: PatchProbe, feats: torch.Tensor, patch_target: t
                 pixel_iou=pixel_iou)
 
 
-def patch_probe_miou(train_feats: torch.Tensor, train_masks: torch.Tensor,
-                     train_classes: torch.Tensor, test_feats: torch.Tensor,
-                     test_masks: torch.Tensor, test_classes: torch.Tensor,
-                     num_classes: Optional[int] = None, **settings) -> Dict[str, object]:
-    """Train the probe on one set of images and score it on another (the test images, or a
-    validation split carved from the training images when choosing ``settings``).
-
-    Args:
-        train_feats, test_feats: (N, C, h, w) frozen features (:func:`embed_patches` or
-            :func:`pixel_patches`); the patch size is H / h.
-        train_masks, test_masks: (N, H, W) bool object masks.
-        train_classes, test_classes: (N,) the image's class, 1..K (0 is background).
-        num_classes: K + 1, background included (default: 1 + the largest class seen).
-        **settings: :func:`train_patch_probe`'s optimizer, epochs, lr, weight_decay,
-            batch_size, normalize, seed (its defaults otherwise).
-
-    Returns:
-        dict: ``patch_miou`` and ``pixel_miou`` (%), per-class ``patch_iou`` and
-        ``pixel_iou`` (None for a class absent from truth and prediction), ``num_classes``,
-        the object share of the test patches and the settings used.
-    """
+def probe_settings(**settings) -> dict:
+    """Every setting of :func:`train_patch_probe` as a result records it: the defaults with
+    ``settings`` in place, and the optimiser's own lr for ``lr=None``."""
     unknown = set(settings) - set(DEFAULT_SETTINGS)
     if unknown:
         raise TypeError(f'unknown probe settings {sorted(unknown)}; the settings are '
                         f'{sorted(DEFAULT_SETTINGS)}.')
     settings = dict(DEFAULT_SETTINGS, **settings)
-    if settings['lr'] is None:   # written as used; an unknown optimiser is refused below
+    if settings['lr'] is None:   # an unknown optimiser is refused by train_patch_probe
         settings['lr'] = DEFAULT_LR.get(settings['optimizer'])
+    return settings
+
+
+def patch_probe_miou(train_feats: torch.Tensor, train_masks: torch.Tensor,
+                     train_classes: torch.Tensor, test_feats: torch.Tensor,
+                     test_masks: torch.Tensor, test_classes: torch.Tensor,
+                     num_classes: Optional[int] = None, **settings) -> Dict[str, object]:
+    """Train the probe (:func:`train_patch_probe` with ``settings``, its defaults otherwise)
+    on one set of images and score it on another (the test images, or a validation split
+    carved from the training images when choosing ``settings``): (N, C, h, w) frozen features
+    (the patch size is H / h), (N, H, W) bool object masks and (N,) classes in 1..K;
+    ``num_classes`` K + 1 (default: 1 + the largest class seen). Returns ``patch_miou`` and
+    ``pixel_miou`` (%), per-class ``patch_iou`` and ``pixel_iou`` (None for a class absent
+    from truth and prediction), ``num_classes``, ``patch_size``, the object share of the test
+    patches and the settings used."""
+    settings = probe_settings(**settings)
     patch_size = train_masks.shape[-1] // train_feats.shape[-1]
     if test_masks.shape[-1] // test_feats.shape[-1] != patch_size:
         raise ValueError('The train and test features have different patch sizes.')
@@ -350,27 +316,21 @@ def masked_splits(objects_root: str, validation: bool = False
     return train.subset(fit), train.subset(val)
 
 
-def patch_features(data: MaskedImages, backbone: Optional[nn.Module] = None,
-                   mean: Sequence[float] = (), std: Sequence[float] = (),
-                   patch_size: Optional[int] = None, batch_size: int = 500) -> torch.Tensor:
-    """(N, C, h, w) features of the images: the backbone's last-layer patch tokens, normalised
-    by ``mean`` and ``std`` as in training, or with ``backbone=None`` the raw pixels of
-    ``patch_size`` patches."""
-    if backbone is None:
-        if patch_size is None:
-            raise ValueError('The raw-pixels features need a patch_size.')
-        return pixel_patches(torch.from_numpy(data.images).permute(0, 3, 1, 2), patch_size)
-    return embed_patches(backbone, image_batches(data.images, batch_size), mean, std)
-
-
 def probe_patches(train: MaskedImages, test: MaskedImages, backbone: Optional[nn.Module] = None,
                   mean: Sequence[float] = (), std: Sequence[float] = (),
                   patch_size: Optional[int] = None, **settings) -> Dict[str, object]:
     """Patch-grid and pixel mIoU (%) of the probe trained on ``train``'s patches and scored
-    on ``test``'s, over background and the classes 1..K, K the largest class of either set
-    (11 classes on the animal images); the features are :func:`patch_features`'s."""
-    num_classes = int(max(train.classes.max(), test.classes.max())) + 1
-    return patch_probe_miou(patch_features(train, backbone, mean, std, patch_size),
-                            train.masks, train.classes,
-                            patch_features(test, backbone, mean, std, patch_size),
-                            test.masks, test.classes, num_classes=num_classes, **settings)
+    on ``test``'s, over background and the classes of either set (11 on the animal images).
+    The features are the backbone's last-layer patch tokens, the images normalised by
+    ``mean`` and ``std`` as in training, or with ``backbone=None`` the raw pixels of
+    ``patch_size`` patches."""
+    if backbone is None and patch_size is None:
+        raise ValueError('The raw-pixels features need a patch_size.')
+
+    def features(data: MaskedImages) -> torch.Tensor:
+        if backbone is None:
+            return pixel_patches(torch.from_numpy(data.images).permute(0, 3, 1, 2), patch_size)
+        return embed_patches(backbone, image_batches(data.images), mean, std)
+
+    return patch_probe_miou(features(train), train.masks, train.classes, features(test),
+                            test.masks, test.classes, **settings)

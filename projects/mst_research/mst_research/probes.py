@@ -3,23 +3,17 @@ linear probe, the frozen patch probe, and where the teacher's attention and the 
 fall against the objects' masks.
 
 The paper motivates the attention-guided mask (Sec. 3.2) by the teacher's CLS attention:
-patches it attends least are background, so masking them spares the object. With pixel
-masks of the objects, that can be measured:
+patches it attends least are background, so masking them spares the object. The objects'
+pixel masks measure it (a patch counts as object when at least half of its pixels are):
 
 - ``attention_on_object_share``: the CLS attention mass on object patches,
-  :math:`\sum_{i \in O} Attn_i / \sum_i Attn_i`, averaged over images; a teacher that
-  ignores the object gives the object's area share.
+  :math:`\sum_{i \in O} Attn_i / \sum_i Attn_i`, averaged over images;
 - ``candidates_on_object_share``: of the ``N // num`` lowest-attention patches (the mask
-  candidates of Eq. 6), the share on the object, pooled over images; a random choice of
-  patches gives the object's area share.
+  candidates of Eq. 6), the share on the object, pooled over images;
 - ``masked_on_object_share``: the same for the patches that Eq. 6 masks with probability
-  ``p`` (one fixed draw), pooled over images.
-- ``object_area_share``: object patches / all patches, averaged over images: the level
-  that every share above takes when the attention carries no information about the object.
-
-A patch counts as object when at least half of its pixels are.
-
-The linear probe is multinomial logistic regression on cached frozen features, full batch.
+  ``p`` (one fixed draw);
+- ``object_area_share``: object patches / all patches, averaged over images: the level that
+  every share above takes when the attention carries no information about the object.
 """
 import math
 import os.path as osp
@@ -33,17 +27,17 @@ from mst_mm.models.algorithms.feature_embedder import embed_images
 from mst_mm.models.utils import attention_mask
 
 from .data import image_batches
-from .patch_probe import masked_splits, probe_patches
+from .patch_probe import masked_splits, minimise_lbfgs, patch_labels, probe_patches
 from .recipes import KNN_K, NUM, P
 
 
 def patch_object_mask(pixel_masks: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """(B, H, W) bool pixel masks -> (B, N) bool, True where >= half a patch is object;
-    patches numbered row by row, as the ViT's tokens are."""
+    """(B, H, W) bool pixel masks -> (B, N) bool, True where >= half a patch is object (the
+    patch probe's rule, :func:`patch_labels`); patches numbered row by row, as the ViT's
+    tokens are."""
     if pixel_masks.dim() != 3:
         raise ValueError(f'pixel_masks must be (B, H, W), got {tuple(pixel_masks.shape)}.')
-    cover = F.avg_pool2d(pixel_masks[:, None].float(), patch_size)  # (B, 1, h, w)
-    return (cover >= 0.5).flatten(1)
+    return patch_labels(pixel_masks, torch.ones(len(pixel_masks)), patch_size).flatten(1) > 0
 
 
 def guidance_shares(attn: torch.Tensor, object_patches: torch.Tensor, num: int = 8,
@@ -78,10 +72,9 @@ def linear_probe_top1(train_feats: torch.Tensor, train_labels: torch.Tensor,
 
     The features are standardised with the train statistics, then
     :math:`\min_{W,b} \mathrm{CE}(W x + b, y) + \lambda \|W\|^2` is solved by L-BFGS over
-    the whole train set: no augmentation and no learning-rate schedule to tune, so the
-    result depends only on the features (and is deterministic). It is the CPU-scale
-    counterpart of the config-based probe (``configs/benchmarks/classification``), which
-    trains through augmentations for 100 epochs.
+    the whole train set (:func:`minimise_lbfgs`): the CPU-scale counterpart of the
+    config-based probe (``configs/benchmarks/classification``), which trains through
+    augmentations for 100 epochs.
     """
     mean, std = train_feats.float().mean(0), train_feats.float().std(0) + 1e-6
     x_train = (train_feats.float() - mean) / std
@@ -90,18 +83,8 @@ def linear_probe_top1(train_feats: torch.Tensor, train_labels: torch.Tensor,
     linear = torch.nn.Linear(x_train.shape[1], num_classes)
     torch.nn.init.zeros_(linear.weight)
     torch.nn.init.zeros_(linear.bias)
-    optimizer = torch.optim.LBFGS(linear.parameters(), lr=1, max_iter=steps,
-                                  history_size=20, line_search_fn='strong_wolfe')
-
-    def closure() -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = (F.cross_entropy(linear(x_train), train_labels.long())
-                + weight_decay * linear.weight.pow(2).sum())
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        optimizer.step(closure)
+    minimise_lbfgs(list(linear.parameters()), lambda: F.cross_entropy(
+        linear(x_train), train_labels.long()) + weight_decay * linear.weight.pow(2).sum(), steps)
     with torch.no_grad():
         predicted = linear(x_test).argmax(1)
     return float((predicted == test_labels.long()).float().mean() * 100)
@@ -121,20 +104,23 @@ class Probe:
         self.test_masks = self.test.masks
         self.patch_size = patch_size
 
+    def classify(self, train_feats: torch.Tensor, test_feats: torch.Tensor) -> dict:
+        """k-NN and linear-probe top-1 (%) of the test images' features."""
+        return dict(knn_top1=knn_top1(train_feats, self.train_labels, test_feats,
+                                      self.test_labels, ks=(KNN_K, ))[KNN_K],
+                    linear_top1=linear_probe_top1(train_feats, self.train_labels, test_feats,
+                                                  self.test_labels))
+
     def raw_pixels(self) -> dict:
-        train = torch.from_numpy(self.train_images).flatten(1).float()
-        test = torch.from_numpy(self.test_images).flatten(1).float()
-        return dict(knn_top1=knn_top1(train, self.train_labels, test, self.test_labels,
-                                      ks=(KNN_K, ))[KNN_K],
-                    linear_top1=linear_probe_top1(train, self.train_labels, test,
-                                                  self.test_labels),
+        return dict(self.classify(torch.from_numpy(self.train_images).flatten(1).float(),
+                                  torch.from_numpy(self.test_images).flatten(1).float()),
                     **self.patches())
 
     def patches(self, backbone=None, mean=(), std=()) -> dict:
-        """The frozen patch probe (its default settings, chosen on the validation split:
-        ``mst_research.patch_probe``) of the backbone's last-layer patch
-        tokens, or of each patch's raw pixels with ``backbone=None``: mIoU (%) over
-        background and the classes, at the patch grid and at the pixels."""
+        """The frozen patch probe (``mst_research.patch_probe``, its default settings) of the
+        backbone's last-layer patch tokens, or of each patch's raw pixels with
+        ``backbone=None``: mIoU (%) over background and the classes, at the patch grid and at
+        the pixels."""
         result = probe_patches(self.train, self.test, backbone, mean, std,
                                patch_size=self.patch_size)
         return dict(patch_probe_miou=result['patch_miou'],
@@ -151,10 +137,7 @@ class Probe:
         result = guidance_shares(attn, patch_object_mask(self.test_masks, patch), NUM, P)
         if classify:
             train_feats, _ = embed_images(backbone, image_batches(self.train_images), mean, std)
-            result['knn_top1'] = knn_top1(train_feats, self.train_labels, test_feats,
-                                          self.test_labels, ks=(KNN_K, ))[KNN_K]
-            result['linear_top1'] = linear_probe_top1(train_feats, self.train_labels,
-                                                      test_feats, self.test_labels)
+            result.update(self.classify(train_feats, test_feats))
             result.update(self.patches(backbone, mean, std))
         return result
 

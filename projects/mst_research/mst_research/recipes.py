@@ -19,22 +19,16 @@ from . import REPO
 from .data import class_folder_files, validation_split, write_object_images, write_scenes
 
 VIT_CONFIG = osp.join(REPO, 'configs', 'mst', 'mst_vit-tiny-p4_1xb64-coslr-6e_animals.py')
-
-
 SWIN_CONFIG = osp.join(REPO, 'configs', 'mst', 'mst_swin-nano-p4-w4_1xb64-coslr-6e_animals.py')
-
-
 DET_CONFIG = osp.join(REPO, 'configs', 'benchmarks', 'mmdetection',
                       'mask-rcnn_mst-swin-nano_fpn_animal-scenes.py')
-
-
 SEG_CONFIG = osp.join(REPO, 'configs', 'benchmarks', 'mmsegmentation',
                       'setr_mst-vit-tiny_naive_animal-scenes.py')
-
-
+DEFAULT_DATA_ROOT = 'data/animal_shapes'
+KNN_K = 20
+# The guided mask (Eq. 6): the 1 / NUM least attended patches are its candidates, each masked
+# with probability P.
 NUM, P = 8, 0.1
-
-
 # name: model overrides of the pretraining config (the paper's Table 4 rows).
 VARIANTS = {
     'dino': DINO_MODE,
@@ -43,19 +37,9 @@ VARIANTS = {
     'mst_random_mask': dict(mask_cfg=dict(mode='random', p=P / NUM)),
     'mst_guided_mask': dict(mask_cfg=dict(mode='attention', num=NUM, p=P)),
 }
-
-
+# The fine-tunes start from these rows' seed 0, into these frameworks.
 TRANSFER_FROM = ('random_init', 'dino', 'mst_guided_mask')
-
-
 TRANSFER_TARGETS = ('mmdet', 'mmseg')
-
-
-DEFAULT_DATA_ROOT = 'data/animal_shapes'
-
-
-KNN_K = 20
-
 
 SCHEDULES = {
     # seeds per variant, pretraining epochs (None: the config's), supervised seeds,
@@ -77,11 +61,10 @@ def pretrain_config(base: str, variant: str, seed: int, schedule: dict, data_roo
     if base != SWIN_CONFIG and schedule.get('cfg_options'):
         cfg.merge_from_dict(schedule['cfg_options'])
     objects = osp.join(data_root, 'objects')
-    dataset = cfg.train_dataloader.dataset
-    dataset.data_root = objects
+    cfg.train_dataloader.dataset.data_root = objects
     if schedule.get('validation'):
         fit, val = split_indices(data_root, schedule)
-        dataset.indices = fit
+        cfg.train_dataloader.dataset.indices = fit
     if schedule.get('batch_size'):
         cfg.train_dataloader.batch_size = schedule['batch_size']
     cfg.randomness = dict(cfg.get('randomness') or {}, seed=seed)  # keeps diff_rank_seed
@@ -111,20 +94,16 @@ def split_indices(data_root: str, schedule: dict) -> Tuple[List[int], List[int]]
     and of the validation images (none without ``validation``)."""
     _, labels = class_folder_files(osp.join(data_root, 'objects', 'train'))
     if schedule.get('validation'):
-        fit, val = (part.tolist() for part in validation_split(labels.numpy()))
-    else:
-        fit, val = list(range(len(labels))), []
-    return fit, val
+        fit, val = validation_split(labels.numpy())
+        return fit.tolist(), val.tolist()
+    return list(range(len(labels))), []
 
 
 def _set_epochs(cfg: Config, epochs: int) -> None:
     """The whole schedule, warm-ups included, scaled to ``epochs``; a checkpoint every epoch."""
-    old = cfg.train_cfg.max_epochs
-    scale = epochs / old
+    scale = epochs / cfg.train_cfg.max_epochs
     cfg.train_cfg.max_epochs = epochs
-    for scheduler in cfg.param_scheduler:
-        scheduler.begin = round(scheduler.begin * scale)
-        scheduler.end = max(round(scheduler.end * scale), scheduler.begin + 1)
+    scale_schedulers(cfg, scale)
     for hook in cfg.custom_hooks:
         if hook.type == 'TeacherTempWarmupHook':
             hook.warmup_epochs = round(hook.warmup_epochs * scale)
@@ -132,6 +111,16 @@ def _set_epochs(cfg: Config, epochs: int) -> None:
             hook.freeze_epochs = min(hook.freeze_epochs, max(epochs - 1, 0))
     cfg.default_hooks.checkpoint.interval = 1
     cfg.default_hooks.checkpoint.max_keep_ckpts = epochs
+
+
+def scale_schedulers(cfg: Config, scale: float, by_epoch: bool = True) -> None:
+    """The begin and end of the schedulers counted in epochs (with ``by_epoch=False``: in
+    iterations) times ``scale``, each at least one step long."""
+    for scheduler in cfg.get('param_scheduler') or []:
+        if scheduler.get('by_epoch', True) == by_epoch:
+            scheduler.begin = round(scheduler.get('begin', 0) * scale)
+            if scheduler.get('end') is not None:
+                scheduler.end = max(round(scheduler.end * scale), scheduler.begin + 1)
 
 
 def pretrain(cfg: Config) -> List[str]:
@@ -161,18 +150,16 @@ def prepare_data(data_root: Optional[str], transfer: bool) -> str:
 
 def make_schedule(args: argparse.Namespace) -> dict:
     """The run's schedule: the quick or full one, with the command line's choices."""
-    schedule = dict(SCHEDULES['quick' if args.quick else 'full'])
-    schedule['seeds'] = {v: args.seeds or schedule['seeds'][v] for v in args.variants}
-    schedule['supervised_seeds'] = next(n for n in (
-        args.supervised_seeds, args.seeds, schedule['supervised_seeds']) if n is not None)
-    schedule['batch_size'] = args.batch_size
-    schedule['config'] = osp.abspath(args.config)
-    schedule['epochs'] = (args.epochs or schedule['epochs']
-                          or Config.fromfile(args.config).train_cfg.max_epochs)
-    schedule.update(transfer_targets=args.transfer_targets, validation=args.validation,
-                    probe_interval=args.probe_interval,
-                    cfg_options=args.cfg_options)
-    return schedule
+    base = SCHEDULES['quick' if args.quick else 'full']
+    return dict(
+        base, seeds={v: args.seeds or base['seeds'][v] for v in args.variants},
+        supervised_seeds=next(n for n in (args.supervised_seeds, args.seeds,
+                                          base['supervised_seeds']) if n is not None),
+        batch_size=args.batch_size, config=osp.abspath(args.config),
+        epochs=(args.epochs or base['epochs']
+                or Config.fromfile(args.config).train_cfg.max_epochs),
+        transfer_targets=args.transfer_targets, validation=args.validation,
+        probe_interval=args.probe_interval, cfg_options=args.cfg_options)
 
 
 # DeiT's optimiser (mmpretrain's deit configs): AdamW, wd 0.05, none on norms, biases, the CLS

@@ -10,35 +10,34 @@ import os
 import os.path as osp
 import statistics
 from itertools import cycle
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
+import matplotlib
+import matplotlib.pyplot as plt
 import mmcv
 import numpy as np
 import torch
+import torch.nn as nn
 
 from mst_mm.converters import load_model
-from mst_mm.visualization import load_image, mst_picture_row, render_rows
-from mst_mm.visualization.mst_pictures import column_titles, draw_rows
+from mst_mm.visualization import draw_rows, load_image, mst_picture_row, render_rows
+from mst_mm.visualization.mst_pictures import column_titles
 
-from .patch_probe import DEFAULT_LR, DEFAULT_SETTINGS
+from .data import write_json
+from .patch_probe import probe_settings
 from .recipes import KNN_K, TRANSFER_FROM, TRANSFER_TARGETS, VARIANTS, pretrain_config
 
+matplotlib.use('Agg')   # pictures go to files: no display needed
 CURVE_KEYS = ('loss_dino', 'teacher_entropy', 'teacher_student_kl')
 PROBE_PREFIX = 'knn_probe_top1_k'
+GUIDANCE_KEYS = ('attention_on_object_share', 'candidates_on_object_share',
+                 'masked_on_object_share')
 
 
 def read_scalars(work_dir: str, all_runs: bool = False) -> List[dict]:
-    """The per-iteration rows that mmengine's ``LocalVisBackend`` wrote for the latest run
-    in ``work_dir`` (``<timestamp>/vis_data/scalars.json``), or for every run in it (a
-    resumed run writes a folder of its own).
-
-    Args:
-        work_dir (str): A Runner's work directory.
-        all_runs (bool): Concatenate every run's rows, oldest first. Defaults to False.
-
-    Returns:
-        list[dict]: One dict per logged iteration, in order.
-    """
+    """The per-iteration rows, in order, that mmengine's ``LocalVisBackend`` wrote for the
+    latest run in ``work_dir`` (``<timestamp>/vis_data/scalars.json``), or with ``all_runs``
+    for every run in it, oldest first (a resumed run writes a folder of its own)."""
     files = sorted(glob.glob(osp.join(str(work_dir), '*', 'vis_data', 'scalars.json')))
     if not files:
         raise FileNotFoundError(f'No */vis_data/scalars.json under {work_dir}: was the run '
@@ -50,36 +49,12 @@ def read_scalars(work_dir: str, all_runs: bool = False) -> List[dict]:
     return rows
 
 
-def final_values(rows: List[dict], keys: Sequence[str] = CURVE_KEYS,
-                 last: int = 1) -> Dict[str, float]:
-    """The mean of each key over the last ``last`` logged rows that have it."""
-    values = {}
-    for key in keys:
-        series = [row[key] for row in rows if key in row]
-        if series:
-            values[key] = sum(series[-last:]) / len(series[-last:])
-    return values
-
-
 def plot_dino_curves(runs: Dict[str, List[List[dict]]], num_prototypes: int,
                      out_file: str, title: str = '') -> str:
-    """One figure, three panels: ``loss_dino``, teacher entropy and teacher-student KL
-    against the iteration, one colour per variant (one line per seed), ln K drawn in; and
-    a fourth with the k-NN probe's top-1 when a run logged it (``KNNProbeHook``).
-
-    Args:
-        runs (dict): Variant name -> the :func:`read_scalars` rows of each of its runs.
-        num_prototypes (int): K, for the ln K line.
-        out_file (str): The PNG to write.
-        title (str): Figure title. Defaults to ''.
-
-    Returns:
-        str: ``out_file``.
-    """
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-
+    """Write ``out_file``, a PNG of three panels: ``loss_dino``, teacher entropy and
+    teacher-student KL against the iteration, one colour per variant and one line per seed
+    (``runs``: variant -> the :func:`read_scalars` rows of each seed), ln K drawn in; and a
+    fourth with the k-NN probe's top-1 when a run logged it (``KNNProbeHook``)."""
     log_k = math.log(num_prototypes)
     probe_keys = sorted({key for seed_runs in runs.values() for rows in seed_runs
                          for row in rows for key in row if key.startswith(PROBE_PREFIX)})
@@ -106,42 +81,34 @@ def plot_dino_curves(runs: Dict[str, List[List[dict]]], num_prototypes: int,
         if key in ('loss_dino', 'teacher_entropy'):
             ax.axhline(log_k, color='black', linestyle='--', linewidth=1,
                        label=f'ln K = {log_k:.3f}')
-        ax.set_title(labels[key])
-        ax.set_xlabel('iteration')
+        ax.set(title=labels[key], xlabel='iteration')
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
     os.makedirs(osp.dirname(osp.abspath(out_file)), exist_ok=True)
-    fig.savefig(out_file, dpi=110)
+    return _save(fig, out_file, dpi=110)
+
+
+def _save(fig, path: str, dpi: Optional[int] = None) -> str:
+    """Write ``fig`` to the PNG ``path``, close it and return ``path``."""
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
-    return out_file
+    return path
 
 
 def draw_evidence_figure(grid_rows: List[Dict[str, np.ndarray]],
                          knn_probe: Dict[str, List[List[List[float]]]],
                          references: Dict[str, float], max_heads: int = 3,
                          title: str = '', width_inches: float = 8.2, dpi: int = 110):
-    """One figure for a README: on top, the :func:`draw_rows` grid (input, attention, guided
-    and random mask, reconstruction) of an MST-guided teacher; under it, the k-NN probe's
-    top-1 per pretraining epoch, one colour per variant, a thin line per seed, a thick one
-    for their mean (when the seeds share their epochs), and the references dashed.
-
-    Args:
-        grid_rows (list[dict]): :func:`mst_picture_row` results, one per image.
-        knn_probe (dict): Variant -> one ``[[epoch, top1], ...]`` list per seed.
-        references (dict): Name -> top-1 (%), e.g. ``{'raw pixels': 40.9}``.
-        max_heads (int): Attention heads drawn at most. Defaults to 3.
-        title (str): Figure title. Defaults to ''.
-        width_inches (float), dpi (int): Size; 8.2 in at 110 dpi is 900 px.
-
-    Returns:
-        matplotlib.figure.Figure: Close it with ``plt.close`` when done.
-    """
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    """The README's figure (close it with ``plt.close``), 900 px wide by default: on top, the
+    :func:`draw_rows` grid of ``grid_rows`` (:func:`mst_picture_row` results: input,
+    attention, guided and random mask, reconstruction) of an MST-guided teacher; under it,
+    the k-NN probe's top-1 per pretraining epoch (``knn_probe``: variant -> one
+    ``[[epoch, top1], ...]`` list per seed), one colour per variant, a thin line per seed, a
+    thick one for their mean (when the seeds share their epochs), and the ``references``
+    (name -> top-1 %, e.g. ``{'raw pixels': 40.9}``) dashed."""
     if not grid_rows:
         raise ValueError('No grid rows: give at least one mst_picture_row result.')
     if not knn_probe:
@@ -184,11 +151,7 @@ def plot_evidence_figure(grid_rows: List[Dict[str, np.ndarray]],
                          references: Dict[str, float], path: str, max_heads: int = 3,
                          title: str = '') -> str:
     """Write :func:`draw_evidence_figure` to the PNG ``path`` and return ``path``."""
-    import matplotlib.pyplot as plt
-    fig = draw_evidence_figure(grid_rows, knn_probe, references, max_heads, title)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(draw_evidence_figure(grid_rows, knn_probe, references, max_heads, title), path)
 
 
 def mean_std(values: List[float], digits: int = 1) -> str:
@@ -197,39 +160,28 @@ def mean_std(values: List[float], digits: int = 1) -> str:
     return f'{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}'
 
 
-def patch_probe_settings() -> dict:
-    """Every setting of the patch probe, as its results write them (the lr filled in)."""
-    settings = dict(DEFAULT_SETTINGS)
-    settings['lr'] = settings['lr'] or DEFAULT_LR[settings['optimizer']]
-    return settings
-
-
 def make_summary(num_prototypes: int, image_views_per_run: int, raw: dict,
                  random_init: List[dict], supervised: List[dict],
                  rows: Dict[str, List[dict]], transfer: Optional[dict]) -> dict:
-    guidance_keys = ('attention_on_object_share', 'candidates_on_object_share',
-                     'masked_on_object_share')
-
     def every_row(key: str) -> dict:
         return dict(raw_pixels=raw[key], random_init=[r[key] for r in random_init],
                     supervised=[r[key] for r in supervised],
                     **{v: [r[key] for r in runs] for v, runs in rows.items()})
 
-    summary = dict(
+    return dict(
         ln_k=math.log(num_prototypes),
         image_views_per_run=image_views_per_run,
         knn_top1=every_row('knn_top1'),
         linear_top1=every_row('linear_top1'),
         patch_probe_miou=every_row('patch_probe_miou'),
         patch_probe_pixel_miou=every_row('patch_probe_pixel_miou'),
-        patch_probe_settings=patch_probe_settings(),
+        patch_probe_settings=probe_settings(),
         last_loss_dino={v: [r['loss_dino'] for r in runs] for v, runs in rows.items()},
         knn_probe={v: [r['knn_probe'] for r in runs] for v, runs in rows.items()},
         guidance=dict(object_area_share=random_init[0]['object_area_share'],
-                      **{v: {k: [r[k] for r in runs] for k in guidance_keys}
+                      **{v: {k: [r[k] for r in runs] for k in GUIDANCE_KEYS}
                          for v, runs in rows.items()}),
         transfer=transfer)
-    return summary
 
 
 def format_table(summary: dict, seeds: Dict[str, int]) -> str:
@@ -263,11 +215,10 @@ def format_table(summary: dict, seeds: Dict[str, int]) -> str:
         return f"{mean_std(knn[row])} | {mean_std(lin[row])} | {cell}"
 
     lines.append(f"| raw pixels | - | {probes('raw_pixels')} | - | - | - | - |")
-    lines.append(f"| random init | {len(knn['random_init'])} | {probes('random_init')} "
-                 '| - | - | - | - |')
-    if knn.get('supervised'):   # the ceiling: the same ViT trained with labels
-        lines.append(f"| supervised | {len(knn['supervised'])} | {probes('supervised')} "
-                     '| - | - | - | - |')
+    for row in ('random_init', 'supervised'):   # supervised: the ceiling, trained with labels
+        if knn.get(row):
+            lines.append(f"| {row.replace('_', ' ')} | {len(knn[row])} | {probes(row)} "
+                         '| - | - | - | - |')
     for variant in VARIANTS:
         if variant not in summary['last_loss_dino']:
             continue
@@ -299,8 +250,29 @@ def format_table(summary: dict, seeds: Dict[str, int]) -> str:
     return '\n'.join(lines)
 
 
+def write_summary(summary: dict, seeds: Dict[str, int], out: str) -> str:
+    """Write ``OUT/summary.json`` and ``OUT/evidence_table.md``; the table."""
+    write_json(osp.join(out, 'summary.json'), summary)
+    table = format_table(summary, seeds)
+    with open(osp.join(out, 'evidence_table.md'), 'w') as f:
+        f.write(table + '\n')
+    return table
+
+
+def guided_model(schedule: dict, data_root: str, out: str,
+                 checkpoint: Optional[str] = None) -> nn.Module:
+    """The MST-guided model of seed 0 as this code names it (not as the run's dumped config
+    does, which keeps the registry names of the code that trained it), with ``checkpoint``'s
+    weights (None: as initialised with seed 0)."""
+    cfg = pretrain_config(schedule['config'], 'mst_guided_mask', 0, dict(schedule, epochs=1),
+                          data_root, out, probe=False)
+    return load_model(cfg, checkpoint, 0)
+
+
 def write_pictures(rows: Dict[str, List[dict]], summary: dict, schedule: dict, out: str,
                    data_root: str) -> List[str]:
+    """The training curves of every seed, the guidance by epoch and, with an MST-guided row,
+    its seed 0's pictures and the evidence figure, under ``OUT/pictures``."""
     pictures = osp.join(out, 'pictures')
     os.makedirs(pictures, exist_ok=True)
     curves = {v: [read_scalars(osp.dirname(r["checkpoint"]), all_runs=True) for r in runs]
@@ -310,80 +282,63 @@ def write_pictures(rows: Dict[str, List[dict]], summary: dict, schedule: dict, o
                                 title='evidence pretraining, every seed')]
     written.append(plot_guidance_by_epoch(rows, summary['guidance']['object_area_share'],
                                           osp.join(pictures, 'guidance_by_epoch.png')))
-    guided = rows.get('mst_guided_mask')
-    if guided:
+    if rows.get('mst_guided_mask'):
+        model = guided_model(schedule, data_root, out, rows['mst_guided_mask'][0]['checkpoint'])
         images = class_examples(data_root)
-        # The model as this code names it (not the run's dumped config, which keeps the
-        # registry names of the code that trained it).
-        cfg = pretrain_config(schedule['config'], 'mst_guided_mask', 0, dict(schedule, epochs=1),
-                              data_root, osp.dirname(guided[0]['checkpoint']), probe=False)
-        model = load_model(cfg, guided[0]['checkpoint'], 0)
-        written.append(mst_pictures(model, images, osp.join(pictures, 'mst_pictures.png')))
+        written.append(osp.join(pictures, 'mst_pictures.png'))
+        mmcv.imwrite(mmcv.rgb2bgr(render_rows(picture_rows(model, images))), written[-1])
         written.append(evidence_figure(model, summary, images,
                                        osp.join(pictures, 'evidence.png')))
     return written
 
 
-def mst_pictures(model, images: List[str], path: str, size: int = 96) -> str:
-    """``tools/analysis/visualize_mst.py --grid``'s picture of ``images``, one row each, named
-    by its class folder: input, attention, guided and random masks, reconstruction."""
-    rows = [mst_picture_row(model, load_image(image, size, model),
+def picture_rows(model: nn.Module, images: List[str], reconstruct: bool = True) -> List[dict]:
+    """``tools/analysis/visualize_mst.py``'s rows of ``images`` at 96 px, each named by its
+    class folder: input, attention, guided and random masks, reconstruction."""
+    return [mst_picture_row(model, load_image(image, 96, model),
                             generator=torch.Generator().manual_seed(i),
-                            label=osp.basename(osp.dirname(image)))
+                            label=osp.basename(osp.dirname(image)), reconstruct=reconstruct)
             for i, image in enumerate(images)]
-    mmcv.imwrite(mmcv.rgb2bgr(render_rows(rows)), path)
-    return path
 
 
-def evidence_figure(model, summary: dict, images: List[str], path: str,
+def evidence_figure(model: nn.Module, summary: dict, images: List[str], path: str,
                     reconstruct: bool = True) -> str:
     """The README's picture: the MST-guided teacher's attention and masks on the first four
     ``images`` (with the decoder's reconstruction), over every variant's k-NN probe curves."""
-    grid = [mst_picture_row(model, load_image(image, 96, model),
-                            torch.Generator().manual_seed(i),
-                            label=osp.basename(osp.dirname(image)), reconstruct=reconstruct)
-            for i, image in enumerate(images[:4])]
     knn = summary['knn_top1']
     references = {'raw pixels': knn['raw_pixels'],
                   'random init': statistics.mean(knn['random_init'])}
     if knn.get('supervised'):
         references['supervised'] = statistics.mean(knn['supervised'])
-    return plot_evidence_figure(grid, summary['knn_probe'], references, path)
+    return plot_evidence_figure(picture_rows(model, images[:4], reconstruct),
+                                summary['knn_probe'], references, path)
 
 
 def plot_guidance_by_epoch(rows: Dict[str, List[dict]], area: float, path: str) -> str:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+    """Seed 0's attention and guided-mask candidates on the object, epoch by epoch."""
+    keys = {'attention_on_object_share': 'CLS attention mass on the object',
+            'candidates_on_object_share': 'guided-mask candidates on the object'}
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for variant, runs in rows.items():
         curve = runs[0].get('guidance_by_epoch')
         if not curve:
             continue
-        epochs = [c['epoch'] for c in curve]
-        axes[0].plot(epochs, [c['attention_on_object_share'] for c in curve], marker='o',
-                     label=variant)
-        axes[1].plot(epochs, [c['candidates_on_object_share'] for c in curve], marker='o',
-                     label=variant)
-    titles = ('CLS attention mass on the object', 'guided-mask candidates on the object')
-    for ax, title in zip(axes, titles):
+        for ax, key in zip(axes, keys):
+            ax.plot([c['epoch'] for c in curve], [c[key] for c in curve], marker='o',
+                    label=variant)
+    for ax, title in zip(axes, keys.values()):
         ax.axhline(area, color='grey', linestyle='--', label='object area (= random)')
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel('epoch (seed 0)')
-        ax.set_ylim(0, 1)
+        ax.set(xlabel='epoch (seed 0)', ylim=(0, 1))
     axes[1].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=110)
 
 
 # (summary key, guidance key or None, printed digits) of every value a checkpoint gives.
 RECOMPUTED = (('knn_top1', None, 1), ('linear_top1', None, 1),
               ('patch_probe_miou', None, 1), ('patch_probe_pixel_miou', None, 1),
-              *(('guidance', key, 3) for key in ('attention_on_object_share',
-                                                 'candidates_on_object_share',
-                                                 'masked_on_object_share')))
+              *(('guidance', key, 3) for key in GUIDANCE_KEYS))
 
 
 def recomputed_summary(committed: dict, results: Dict[str, List[dict]]
@@ -409,7 +364,7 @@ def recomputed_summary(committed: dict, results: Dict[str, List[dict]]
                                        f'{value:.{digits}f}')
             merged = new + old[len(new):]
             table[name] = merged[0] if row == 'raw_pixels' else merged
-    summary['patch_probe_settings'] = patch_probe_settings()
+    summary['patch_probe_settings'] = probe_settings()
     return summary, differences
 
 

@@ -8,40 +8,18 @@ import os
 import os.path as osp
 import subprocess
 import sys
-from typing import List
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from mmengine.config import Config
 
 from mst_mm.converters import load_model
 
-from . import REPO
+from . import REPO, recipes, report
+from .data import write_json
 from .patch_probe import load_frozen_backbone
 from .probes import Probe, teacher_of
-from .recipes import (
-    DET_CONFIG,
-    KNN_K,
-    SEG_CONFIG,
-    SWIN_CONFIG,
-    TRANSFER_FROM,
-    VARIANTS,
-    load_supervised_backbone,
-    pretrain,
-    pretrain_config,
-    split_indices,
-    train_supervised,
-)
-from .report import (
-    class_examples,
-    evidence_figure,
-    final_values,
-    format_table,
-    make_summary,
-    mean_std,
-    read_scalars,
-    recomputed_summary,
-    write_pictures,
-)
+from .recipes import TRANSFER_FROM, VARIANTS, pretrain_config, split_indices
 from .transfer import finetune
 
 
@@ -55,28 +33,23 @@ class Store:
     def path(self, name: str) -> str:
         return osp.join(self.root, f'{name}.json')
 
-    def load(self, name: str):
+    def load(self, name: str) -> dict:
         if not osp.isfile(self.path(name)):
             raise SystemExit(f'{self.path(name)} is missing: the unit {name} has not finished. '
                              'Run the evidence command again without --units.')
         with open(self.path(name)) as f:
             return json.load(f)
 
-    def get(self, name: str, compute, complete=None):
+    def get(self, name: str, compute: Callable[[], dict],
+            complete: Optional[Callable[[dict], dict]] = None) -> dict:
         """The stored unit, or ``compute()`` stored; ``complete(value)`` returns the keys
         that a unit stored by older code lacks (e.g. the patch probe), computed from the
         unit's checkpoint and stored beside the others, so a rerun does not pretrain again."""
         if not osp.isfile(self.path(name)):
-            return self._write(name, compute())
+            return write_json(self.path(name), compute())
         value = self.load(name)
         extra = complete(value) if complete is not None else {}
-        return self._write(name, dict(value, **extra)) if extra else value
-
-    def _write(self, name: str, value: dict) -> dict:
-        with open(self.path(name) + '.tmp', 'w') as f:
-            json.dump(value, f, indent=2)
-        os.replace(self.path(name) + '.tmp', self.path(name))
-        return value
+        return write_json(self.path(name), dict(value, **extra)) if extra else value
 
 
 def pretrained_row(store: Store, probe: Probe, variant: str, seed: int, schedule: dict,
@@ -88,14 +61,15 @@ def pretrained_row(store: Store, probe: Probe, variant: str, seed: int, schedule
     cfg = pretrain_config(schedule['config'], variant, seed, schedule, data_root, work_dir)
 
     def compute() -> dict:
-        checkpoints = pretrain(cfg)
+        checkpoints = recipes.pretrain(cfg)
         row = probe.model(load_model(cfg, checkpoints[-1], seed))
-        scalars = read_scalars(work_dir, all_runs=True)
-        row.update(final_values(scalars))
+        scalars = report.read_scalars(work_dir, all_runs=True)
+        # The last logged loss, teacher entropy and KL.
+        row.update((key, r[key]) for r in scalars for key in report.CURVE_KEYS if key in r)
         # The hook logs at epoch ends, by iteration; the loop drops the last partial batch.
         iters_per_epoch = len(split_indices(data_root, schedule)[0]) // \
             cfg.train_dataloader.batch_size
-        probe_key = f'knn_probe_top1_k{KNN_K}'
+        probe_key = f'knn_probe_top1_k{recipes.KNN_K}'
         row['knn_probe'] = [[r['step'] // iters_per_epoch, r[probe_key]]
                             for r in scalars if probe_key in r]
         if guidance_curve:
@@ -105,8 +79,12 @@ def pretrained_row(store: Store, probe: Probe, variant: str, seed: int, schedule
         row['checkpoint'] = checkpoints[-1]
         return row
 
-    return store.get(name, compute, probe.complete(
-        lambda checkpoint: teacher_of(load_model(cfg, checkpoint, seed))))
+    return store.get(name, compute, probe.complete(teachers(cfg, seed)))
+
+
+def teachers(cfg: Config, seed: int) -> Callable[[str], tuple]:
+    """For :meth:`Probe.complete`: a checkpoint of the ``cfg`` model -> its teacher."""
+    return lambda checkpoint: teacher_of(load_model(cfg, checkpoint, seed))
 
 
 def random_init_row(store: Store, probe: Probe, seed: int, schedule: dict, data_root: str,
@@ -121,8 +99,7 @@ def random_init_row(store: Store, probe: Probe, seed: int, schedule: dict, data_
         torch.save({'state_dict': model.state_dict()}, path)
         return dict(probe.model(model), checkpoint=path)
 
-    return store.get(f'random_init_seed{seed}', compute, probe.complete(
-        lambda checkpoint: teacher_of(load_model(cfg, checkpoint, seed))))
+    return store.get(f'random_init_seed{seed}', compute, probe.complete(teachers(cfg, seed)))
 
 
 def supervised_row(store: Store, probe: Probe, seed: int, schedule: dict, data_root: str,
@@ -133,23 +110,22 @@ def supervised_row(store: Store, probe: Probe, seed: int, schedule: dict, data_r
 
     def compute() -> dict:
         indices = split_indices(data_root, schedule)[0] if schedule.get('validation') else None
-        checkpoint = train_supervised(cfg, osp.join(data_root, 'objects'),
-                                      osp.join(out, 'supervised', f'seed{seed}'),
-                                      schedule['epochs'], seed, indices,
-                                      schedule.get('batch_size'))
-        return dict(probe.backbone(*load_supervised_backbone(checkpoint, cfg)),
+        checkpoint = recipes.train_supervised(
+            cfg, osp.join(data_root, 'objects'), osp.join(out, 'supervised', f'seed{seed}'),
+            schedule['epochs'], seed, indices, schedule.get('batch_size'))
+        return dict(probe.backbone(*recipes.load_supervised_backbone(checkpoint, cfg)),
                     checkpoint=checkpoint)
 
     return store.get(f'supervised_seed{seed}', compute, probe.complete(
-        lambda checkpoint: load_supervised_backbone(checkpoint, cfg)))
+        lambda checkpoint: recipes.load_supervised_backbone(checkpoint, cfg)))
 
 
 def swin_row(store: Store, variant: str, schedule: dict, data_root: str, out: str) -> dict:
     """The MaskSwin-nano pretraining that Mask R-CNN starts from (one seed)."""
     name = f'swin_{variant}_seed0'
-    cfg = pretrain_config(SWIN_CONFIG, variant, 0, schedule, data_root,
+    cfg = pretrain_config(recipes.SWIN_CONFIG, variant, 0, schedule, data_root,
                           osp.join(out, 'pretrain', name), probe=False)
-    return store.get(name, lambda: dict(checkpoint=pretrain(cfg)[-1]))
+    return store.get(name, lambda: dict(checkpoint=recipes.pretrain(cfg)[-1]))
 
 
 def finetune_row(store: Store, target: str, start: str, ft_seed: int, schedule: dict,
@@ -162,33 +138,20 @@ def finetune_row(store: Store, target: str, start: str, ft_seed: int, schedule: 
     else:
         checkpoint = store.load(f'{start}_seed0')
     checkpoint = checkpoint and checkpoint['checkpoint']
-    config = DET_CONFIG if target == 'mmdet' else SEG_CONFIG
-    options = None
-    if schedule['finetune'] == 'quick':
-        options = dict(train_cfg=dict(max_iters=20, val_interval=20))
+    config = recipes.DET_CONFIG if target == 'mmdet' else recipes.SEG_CONFIG
+    options = (dict(train_cfg=dict(max_iters=20, val_interval=20))
+               if schedule['finetune'] == 'quick' else None)
     name = f"{target}{'_frozen' if frozen else ''}_{start}_ft{ft_seed}"
     return store.get(name, lambda: finetune(config, checkpoint, osp.join(out, 'transfer', name),
                                             osp.join(data_root, 'scenes'), ft_seed, target,
                                             options, frozen_backbone=frozen))
 
 
-def transfer_rows(store: Store, schedule: dict, data_root: str, out: str) -> dict:
-    """Every fine-tune of the schedule's targets, from the stored random-init, DINO and
-    MST-guided seed-0 rows."""
-    targets = schedule['transfer_targets']
-    if 'mmdet' in targets:
-        for variant in TRANSFER_FROM[1:]:
-            swin_row(store, variant, schedule, data_root, out)
-    result = {f'{target}{suffix}': {} for suffix in ('', '_frozen') for target in targets}
-    for start in TRANSFER_FROM:
-        for target in targets:
-            for frozen in (False, True):
-                runs = [finetune_row(store, target, start, ft_seed, schedule, data_root, out,
-                                     frozen)
-                        for ft_seed in range(schedule['finetune_seeds'])]
-                result[target + ('_frozen' if frozen else '')][start] = {
-                    key: [r[key] for r in runs] for key in runs[0]}
-    return result
+def finetune_units(schedule: dict) -> List[Tuple[str, str, str, int, bool]]:
+    """(unit name, target, start, fine-tune seed, frozen) of every fine-tune of the schedule."""
+    return [(f"{target}{'_frozen' if frozen else ''}_{start}_ft{seed}", target, start, seed,
+             frozen) for start in TRANSFER_FROM for target in schedule['transfer_targets']
+            for frozen in (False, True) for seed in range(schedule['finetune_seeds'])]
 
 
 # Rough minutes of each kind of unit on one core, to balance the lanes.
@@ -207,9 +170,7 @@ def plan_units(schedule: dict) -> List[List[str]]:
         return [first]
     if 'mmdet' in targets:
         first += [f'swin_{v}_seed0' for v in TRANSFER_FROM[1:]]
-    return [first, [f'{target}{frozen}_{start}_ft{s}' for start in TRANSFER_FROM
-                    for target in targets for frozen in ('', '_frozen')
-                    for s in range(schedule['finetune_seeds'])]]
+    return [first, [unit[0] for unit in finetune_units(schedule)]]
 
 
 def split_lanes(names: List[str], jobs: int) -> List[List[str]]:
@@ -226,25 +187,22 @@ def split_lanes(names: List[str], jobs: int) -> List[List[str]]:
     return [lane for lane in lanes if lane]
 
 
-def run_unit(name: str, store: Store, probe: 'Probe', schedule: dict, data_root: str,
+def run_unit(name: str, store: Store, probe: Probe, schedule: dict, data_root: str,
              out: str) -> dict:
     """One unit by its name in :func:`plan_units`."""
-    if name.startswith('random_init_seed'):
-        return random_init_row(store, probe, int(name.rpartition('seed')[2]), schedule,
-                               data_root, out)
-    if name.startswith('supervised_seed'):
-        return supervised_row(store, probe, int(name.rpartition('seed')[2]), schedule,
-                              data_root, out)
     kind, _, rest = name.partition('_')
     if kind in ('mmdet', 'mmseg'):
         frozen = rest.startswith('frozen_')
         start, _, ft_seed = rest.removeprefix('frozen_').rpartition('_ft')
         return finetune_row(store, kind, start, int(ft_seed), schedule, data_root, out,
                             frozen)
+    row, _, seed = name.rpartition('_seed')
     if kind == 'swin':
         return swin_row(store, rest.rpartition('_seed')[0], schedule, data_root, out)
-    variant, _, seed = name.rpartition('_seed')
-    return pretrained_row(store, probe, variant, int(seed), schedule, data_root, out,
+    if row in ('random_init', 'supervised'):
+        unit = random_init_row if row == 'random_init' else supervised_row
+        return unit(store, probe, int(seed), schedule, data_root, out)
+    return pretrained_row(store, probe, row, int(seed), schedule, data_root, out,
                           guidance_curve=seed == '0')
 
 
@@ -275,11 +233,9 @@ def from_checkpoints(run_dir: str, probe: Probe, schedule: dict, data_root: str,
     """A finished run's probes, guidance shares and evidence picture, recomputed from the
     teacher backbones it committed (``RUN_DIR/checkpoints/ROW_seedS.pth``, ROW a variant or
     ``supervised``, seeds 0, 1, ... of a row) and its random-init seeds (rebuilt from the
-    seed): ``RUN_DIR/summary.json`` with the recomputed values in place of the committed ones
-    (and the patch probe added), written to ``OUT/summary.json``. The loss and k-NN probe
-    curves, the per-epoch guidance and the transfer rows come from training: kept as
-    committed. Prints each recomputed value that differs from the committed one at its
-    printed digit (another CPU may differ in the last digit)."""
+    seed), in place of the committed values of ``RUN_DIR/summary.json``, into
+    ``OUT/summary.json``; what comes from training (curves, per-epoch guidance, transfer) is
+    kept. Prints each value that differs from the committed one at its printed digit."""
     summary_path = osp.join(run_dir, 'summary.json')
     files = sorted(glob.glob(osp.join(run_dir, 'checkpoints', '*_seed*.pth')))
     if not osp.isfile(summary_path) or not files:
@@ -303,22 +259,16 @@ def from_checkpoints(run_dir: str, probe: Probe, schedule: dict, data_root: str,
             f'{row}_seed{seed}', lambda path=path: dict(probe.backbone(
                 load_frozen_backbone(cfg.model.backbone, path), pre.mean, pre.std),
                 checkpoint=path)))
-    summary, differences = recomputed_summary(committed, results)
-    with open(osp.join(out, 'summary.json'), 'w') as f:
-        json.dump(summary, f, indent=2)
-    seeds = {v: len(summary['knn_top1'][v]) for v in VARIANTS if v in summary['knn_top1']}
-    table = format_table(summary, seeds)
-    with open(osp.join(out, 'evidence_table.md'), 'w') as f:
-        f.write(table + '\n')
+    summary, differences = report.recomputed_summary(committed, results)
+    table = report.write_summary(summary, {v: len(summary['knn_top1'][v]) for v in VARIANTS
+                                    if v in summary['knn_top1']}, out)
     pictures = []
     if results.get('mst_guided_mask'):   # the teacher's attention and masks, no decoder
-        model = load_model(pretrain_config(schedule['config'], 'mst_guided_mask', 0,
-                                            dict(schedule, epochs=1), data_root, out,
-                                            probe=False), None, 0)
-        model.teacher.module[0] = load_frozen_backbone(cfg.model.backbone,
-                                                       results['mst_guided_mask'][0]['checkpoint'])
+        model = report.guided_model(schedule, data_root, out)
+        model.teacher.module[0] = load_frozen_backbone(
+            cfg.model.backbone, results['mst_guided_mask'][0]['checkpoint'])
         os.makedirs(osp.join(out, 'pictures'), exist_ok=True)
-        pictures.append(evidence_figure(model, summary, class_examples(data_root),
+        pictures.append(report.evidence_figure(model, summary, report.class_examples(data_root),
                                         osp.join(out, 'pictures', 'evidence.png'),
                                         reconstruct=False))
     print('\n' + table)
@@ -346,36 +296,35 @@ def rerun_row(only: str, probe: Probe, schedule: dict, data_root: str, out: str)
     if osp.isfile(summary_path):
         with open(summary_path) as f:
             summary = json.load(f)
-        print(f"the full run's {variant} row: k-NN {mean_std(summary['knn_top1'][variant])}, "
-              f"linear {mean_std(summary['linear_top1'][variant])}")
+        print(f"the full run's {variant} row: k-NN "
+              f"{report.mean_std(summary['knn_top1'][variant])}, "
+              f"linear {report.mean_std(summary['linear_top1'][variant])}")
     return row
 
 
 def run_all(store: Store, probe: Probe, schedule: dict, data_root: str, out: str) -> dict:
-    """Every row of the schedule (each stored unit read back), then ``OUT/summary.json``,
+    """Every unit of the schedule (each stored one read back), then ``OUT/summary.json``,
     ``OUT/evidence_table.md`` and the pictures; prints the table."""
     raw = store.get('raw_pixels', probe.raw_pixels, probe.complete(None))
-    max_seeds = max(schedule['seeds'].values())
-    random_init = [random_init_row(store, probe, s, schedule, data_root, out)
-                   for s in range(max_seeds)]
-    rows = {v: [pretrained_row(store, probe, v, s, schedule, data_root, out,
-                               guidance_curve=s == 0)
-                for s in range(n)]
-            for v, n in schedule['seeds'].items()}
-    transfer = (transfer_rows(store, schedule, data_root, out)
-                if schedule['transfer_targets'] else None)
-    num_prototypes = Config.fromfile(schedule['config']).model.head.out_channels
+    units = {name: run_unit(name, store, probe, schedule, data_root, out)
+             for stage in plan_units(schedule) for name in stage}
+    rows = {v: [units[f'{v}_seed{s}'] for s in range(n)] for v, n in schedule['seeds'].items()}
+    transfer = None
+    if schedule['transfer_targets']:   # target[_frozen] -> start -> metric -> seeds' values
+        transfer = {f'{target}{suffix}': {} for suffix in ('', '_frozen')
+                    for target in schedule['transfer_targets']}
+        for name, target, start, _, frozen in finetune_units(schedule):
+            metrics = transfer[target + ('_frozen' if frozen else '')].setdefault(start, {})
+            for key, value in units[name].items():
+                metrics.setdefault(key, []).append(value)
     image_views = schedule['epochs'] * len(split_indices(data_root, schedule)[0])
-    supervised = [supervised_row(store, probe, s, schedule, data_root, out)
-                  for s in range(schedule['supervised_seeds'])]
-    summary = make_summary(num_prototypes, image_views, raw, random_init, supervised, rows,
-                           transfer)
-    with open(osp.join(out, 'summary.json'), 'w') as f:
-        json.dump(summary, f, indent=2)
-    table = format_table(summary, schedule['seeds'])
-    with open(osp.join(out, 'evidence_table.md'), 'w') as f:
-        f.write(table + '\n')
-    pictures = write_pictures(rows, summary, schedule, out, data_root)
+    summary = report.make_summary(
+        Config.fromfile(schedule['config']).model.head.out_channels, image_views, raw,
+        [units[f'random_init_seed{s}'] for s in range(max(schedule['seeds'].values()))],
+        [units[f'supervised_seed{s}'] for s in range(schedule['supervised_seeds'])], rows,
+        transfer)
+    table = report.write_summary(summary, schedule['seeds'], out)
+    pictures = report.write_pictures(rows, summary, schedule, out, data_root)
     print('\n' + table)
     print(f"\nschedule: {schedule['epochs']} epochs of {image_views // schedule['epochs']:,} "
           f"images ({image_views:,} image-views per run), "

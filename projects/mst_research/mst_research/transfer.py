@@ -20,6 +20,8 @@ from mmpretrain.utils import get_ori_model
 from mst_mm.converters import convert_for_downstream
 from mst_mm.errors import CheckpointError
 
+from .recipes import scale_schedulers
+
 # The metrics that finetune returns, by target: {returned name: evaluator's name}.
 TRANSFER_METRICS = {
     'mmdet': {'bbox_mAP': 'coco/bbox_mAP', 'segm_mAP': 'coco/segm_mAP'},
@@ -56,19 +58,13 @@ class PretrainedBackboneCheck(Hook):
 
 class FrozenBackbone(Hook):
     """Keeps the backbone as initialised while the neck and heads train: its parameters stop
-    requiring grad and it is put in eval mode before every train iteration.
-
-    Exact: ``before_train`` runs after the runner built the optimizer (which still holds the
-    backbone's parameters), but before the first backward, so those parameters never get a
-    ``.grad`` and AdamW / SGD skip parameters whose grad is None, weight decay included. Eval
-    mode turns drop path and dropout off (the features are a fixed function of the image);
-    ``IterBasedTrainLoop`` calls ``model.train()`` before every iteration, hence
-    ``before_train_iter``. Not for ``MMDistributedDataParallel`` without
-    ``find_unused_parameters``: it was wrapped while the backbone still required grad.
-    (``paramwise_cfg`` with ``lr_mult=0`` on ``'backbone'`` would still compute the backbone's
-    grads, and lose to the configs' longer custom keys, e.g. ``relative_position_bias_table``
-    and ``pos_embed``, whose parameters would go on training.)
-    """
+    requiring grad before the first backward (the optimizer holds them, but AdamW and SGD skip
+    a parameter whose grad is None, weight decay included), and it is put in eval mode (no
+    drop path, no dropout) before every iteration, as ``IterBasedTrainLoop`` calls
+    ``model.train()`` each time. Not for ``MMDistributedDataParallel`` without
+    ``find_unused_parameters``. (``paramwise_cfg`` with ``lr_mult=0`` on ``'backbone'`` would
+    still compute the backbone's grads, and lose to the configs' longer custom keys, e.g.
+    ``pos_embed``, whose parameters would go on training.)"""
 
     def before_train(self, runner) -> None:
         backbone = get_ori_model(runner.model).backbone
@@ -97,15 +93,7 @@ def _fit_schedule(cfg: Config, old_max_iters: int) -> None:
     new_max_iters = cfg.train_cfg.max_iters
     if new_max_iters == old_max_iters:
         return
-    scale = new_max_iters / old_max_iters
-    for scheduler in cfg.get('param_scheduler') or []:
-        if scheduler.get('by_epoch', True):
-            continue
-        begin = round(scheduler.get('begin', 0) * scale)
-        end = scheduler.get('end')
-        scheduler.begin = begin
-        if end is not None:
-            scheduler.end = max(round(end * scale), begin + 1)
+    scale_schedulers(cfg, new_max_iters / old_max_iters, by_epoch=False)
     checkpoint = cfg.get('default_hooks', {}).get('checkpoint')
     if checkpoint is not None and checkpoint.get('interval', 0) == old_max_iters:
         checkpoint.interval = new_max_iters
@@ -132,18 +120,13 @@ def finetune(config_path: str, checkpoint: Optional[str], work_dir: str, scenes_
              seed: int, target: str, options: Optional[dict] = None,
              frozen_backbone: bool = False) -> Dict[str, float]:
     """Fine-tune ``config_path`` on ``scenes_root`` from ``checkpoint``'s EMA teacher backbone
-    (None: random init) with ``randomness=dict(seed=seed)``, and validate at the end.
-
-    ``frozen_backbone``: the backbone keeps its initial weights (the converted teacher, or the
-    random init) and runs in eval mode, and only the neck and heads train
-    (:class:`FrozenBackbone`): the metrics then show what the features themselves carry,
-    which full fine-tuning can make up for or wash out.
-
-    ``options`` are merged into the config; a changed ``train_cfg.max_iters`` rescales the
-    iteration-based schedulers. Returns plain floats: ``'mmdet'``: ``bbox_mAP`` and
-    ``segm_mAP`` (0-1, as ``CocoMetric`` prints them; 0.0 when nothing was detected);
-    ``'mmseg'``: ``mIoU`` (%, background included).
-    """
+    (None: random init) with ``randomness=dict(seed=seed)``, and validate at the end. With
+    ``frozen_backbone`` only the neck and heads train (:class:`FrozenBackbone`): the metrics
+    then show what the features themselves carry, which full fine-tuning can make up for or
+    wash out. ``options`` are merged into the config; a changed ``train_cfg.max_iters``
+    rescales the iteration-based schedulers. Returns plain floats: ``'mmdet'``: ``bbox_mAP``
+    and ``segm_mAP`` (0-1, as ``CocoMetric`` prints them; 0.0 when nothing was detected);
+    ``'mmseg'``: ``mIoU`` (%, background included)."""
     if target not in TRANSFER_METRICS:
         raise ValueError(f'target must be one of {sorted(TRANSFER_METRICS)}, got {target!r}.')
     if not osp.isdir(osp.join(scenes_root, 'train')) or not osp.isdir(
