@@ -20,7 +20,7 @@ from mmengine.config import Config
 import mst_mm  # noqa: F401
 from mst_mm.converters.dino import convert_dino_checkpoint, fresh_model, read_dino_checkpoint
 from mst_mm.converters.downstream import neck_to_dino_head, timm_to_vit, vit_to_timm
-from mst_mm.engine.safe_loading import _state_dict_of, build_runner, load_checked, read_checkpoint
+from mst_mm.engine.safe_loading import build_runner, load_checked, read_checkpoint, state_dict_of
 from mst_mm.errors import CheckpointError, UserInputError
 from tests.helpers import REPO, load_tool, make_image_folder, tiny_runner_cfg
 
@@ -200,7 +200,7 @@ def test_dino_vit_small_backbone_file_starts_the_deit_s_recipe(tmp_path):
     # the recipe's neck has BN: DINO's file has no head anyway, so the neck is fresh
     assert 'projection neck' in fresh and '[MASK] token' in fresh
     model = fresh_model(Config.fromfile(str(DEIT_S)))
-    load_checked(model, _state_dict_of(read_checkpoint(str(out)), str(out)), str(out),
+    load_checked(model, state_dict_of(read_checkpoint(str(out)), str(out)), str(out),
                  'the model', '')   # CheckedRunner.load_checkpoint's call: every weight
     image = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(6))
     with torch.no_grad():

@@ -17,7 +17,7 @@ from mmengine.registry import DefaultScope
 from mmengine.runner import set_random_seed
 from mmpretrain.registry import MODELS
 
-from mst_mm.engine.safe_loading import load_checked, read_checkpoint
+from mst_mm.engine.safe_loading import load_checked, read_checkpoint, state_dict_of
 from mst_mm.errors import CheckpointError, UserInputError
 from mst_mm.models.algorithms.mst import BACKBONE_PREFIXES, PRETRAIN_ONLY_KEYS
 
@@ -25,10 +25,7 @@ from mst_mm.models.algorithms.mst import BACKBONE_PREFIXES, PRETRAIN_ONLY_KEYS
 def read_state_dict(checkpoint: str) -> Dict[str, torch.Tensor]:
     """The ``state_dict`` of a checkpoint (or the file itself, if it is a bare state dict),
     read weights-only onto the CPU."""
-    loaded = read_checkpoint(checkpoint, map_location='cpu')
-    if not isinstance(loaded, dict):
-        raise CheckpointError(f'{checkpoint} holds a {type(loaded).__name__}, not a state dict.')
-    return loaded.get('state_dict', loaded)
+    return state_dict_of(read_checkpoint(checkpoint, map_location='cpu'), checkpoint)
 
 
 def extract_backbone(state_dict: Dict[str, torch.Tensor], weights: str = 'teacher',

@@ -32,7 +32,7 @@ from mst_mm.compat import HAS_SAFE_GLOBALS, get_safe_globals
 from mst_mm.errors import CheckpointError, some_keys
 
 __all__ = ['CheckedPretrainedInit', 'CheckedRunner', 'build_runner', 'check_training_checkpoint',
-           'load_checked', 'read_checkpoint']
+           'load_checked', 'read_checkpoint', 'state_dict_of']
 _SIZE_MISMATCH = re.compile(r'size mismatch for (\S+): .*?Size\(\[(.*?)\]\).*?Size\(\[(.*?)\]\)')
 
 
@@ -294,7 +294,7 @@ def load_checked(module: nn.Module, state_dict: dict, source: str, what: str, fi
     print_log(f'{message} Partial load allowed: going on.', logger='current', level=logging.WARNING)
 
 
-def _state_dict_of(checkpoint: Any, source: str, revise_keys: Sequence = ()) -> dict:
+def state_dict_of(checkpoint: Any, source: str, revise_keys: Sequence = ()) -> dict:
     """The state dict in a loaded checkpoint (``'state_dict'`` if any), keys revised."""
     state_dict = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else 0
     if not isinstance(state_dict, dict):
@@ -318,7 +318,7 @@ class CheckedPretrainedInit(PretrainedInit):
     def __call__(self, module: nn.Module) -> None:
         what = f"the {type(module).__name__} (init_cfg type='CheckedPretrained')"
         fix = "Check the init_cfg's checkpoint and prefix ('teacher.module.0.': MST's teacher)."
-        state_dict = _state_dict_of(read_checkpoint(self.checkpoint, self.map_location),
+        state_dict = state_dict_of(read_checkpoint(self.checkpoint, self.map_location),
                                     self.checkpoint, [] if self.prefix else [(r'^module\.', '')])
         if self.prefix:
             prefix = self.prefix.rstrip('.') + '.'
@@ -344,7 +344,7 @@ class CheckedRunner(Runner):
         checkpoint = read_checkpoint(filename, map_location)
         self.call_hook('after_load_checkpoint', checkpoint=checkpoint)  # may rewrite it, first
         model = get_ori_model(self.model)
-        load_checked(model, _state_dict_of(checkpoint, filename, revise_keys), filename,
+        load_checked(model, state_dict_of(checkpoint, filename, revise_keys), filename,
                      f"this config's {type(model).__name__}",
                      "Give a checkpoint of this config's model: an MST training checkpoint "
                      '(WORK_DIR/epoch_N.pth) or a state dict that the model accepts.',
