@@ -3,7 +3,7 @@ import os
 import os.path as osp
 import shutil
 import sys
-from typing import Optional
+from typing import List, Optional
 
 from setuptools import find_packages, setup
 
@@ -65,6 +65,12 @@ def read_text(name: str) -> str:
         return f.read()
 
 
+def read_requirements(name: str) -> List[str]:
+    """The requirement lines of a requirements file, without comments."""
+    lines = (line.split('#')[0].strip() for line in read_text(name).splitlines())
+    return [line for line in lines if line]
+
+
 def read_version() -> str:
     scope: dict = {}
     with open(osp.join(ROOT, 'mst_mm', 'version.py')) as f:
@@ -84,22 +90,19 @@ if __name__ == '__main__':
         packages=find_packages(exclude=('configs', 'tools', 'tests')),
         include_package_data=True,
         package_data={'mst_mm': ['.mim/configs/**/*', '.mim/tools/**/*', '.mim/model-index.yml']},
-        # What CI tests (docs/install.md, "Tested stacks"): Python 3.11; torch 2.1.2 and
-        # 2.13.0; numpy 1.26 and 2.x.
-        python_requires='>=3.11,<3.12',
-        # Ranges, not pins: users bring their own CUDA torch and mmcv build, and nothing
-        # they have in the tested range is changed. The exact pins: requirements/*.txt.
-        install_requires=[
-            'torch>=2.1,<2.14',
-            'mmcv>=2.0.0,<2.2.0',
-            'mmengine>=0.10.0,<1.0.0',
-            'mmpretrain>=1.2.0,<1.3.0',
-            # numpy 2: all but mmpretrain's ColorJitter (docs/install.md, "numpy 2").
-            'numpy>=1.26,<3',
-        ],
+        # What CI tests (docs/install.md, "Tested stacks"): Python 3.10, 3.11 and 3.12.
+        python_requires='>=3.10,<3.13',
+        # As OpenMMLab's own projects: torch, mmcv, mmengine and mmpretrain are not
+        # install_requires, so that pip keeps the user's CUDA torch and whichever provider of
+        # each import is installed (mmcv, mmcv-lite, OneDL's onedl-mmcv, ...), and never
+        # builds mmcv's sdist. `import mst_mm` checks their versions (mst_mm/dependencies.py);
+        # `mim install -e .` installs them from extras_require['mim'].
+        # numpy 2: all but mmpretrain's ColorJitter (docs/install.md, "numpy 2").
+        install_requires=['numpy>=1.26,<3', 'Pillow'],
         extras_require={
+            'mim': read_requirements('requirements/mminstall.txt'),
             'downstream': ['mmdet>=3.3.0,<3.4.0', 'mmsegmentation>=1.2.2,<1.3.0', 'ftfy', 'regex'],
-            'tests': ['pytest', 'ruff'],
+            'tests': read_requirements('requirements/tests.txt'),
         },
         zip_safe=False,
     )

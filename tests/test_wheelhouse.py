@@ -135,7 +135,7 @@ def test_offline_install_keeps_the_users_torch_and_passes_the_stack_check(offlin
     state = offline_venv
     log = output(state['install'])
     # The stack check ran inside setup_env.sh: imports and one MST step with finite losses.
-    assert '[stack_check] mmcv: mmcv 2.1.0 (lite)' in log
+    assert '[stack_check] mmcv: mmcv 2.1.0 (lite, mmcv-lite)' in log
     assert '[stack_check] mst step: loss_dino' in log and 'student updated' in log
     assert 'building mmcv' not in log
     assert not (state['tmp'] / 'empty_cache').exists() or not any(
@@ -217,8 +217,8 @@ def test_ops_replaces_mmcv_lite_and_a_later_lite_run_keeps_it(offline_venv, whee
     switched = run(['bash', SETUP, '--venv', state['venv'], '--wheelhouse', with_ops, '--ops'],
                    **state['env'])
     assert switched.returncode == 0, output(switched)
-    assert 'uninstalling the installed mmcv (lite)' in switched.stderr
-    assert '[stack_check] mmcv: mmcv 2.1.0 (ops)' in switched.stdout
+    assert 'uninstalling the installed mmcv (lite: mmcv-lite)' in switched.stderr
+    assert '[stack_check] mmcv: mmcv 2.1.0 (ops, mmcv)' in switched.stdout
     assert 'mmdet 3.3.0' in switched.stdout and 'mmsegmentation 1.2.2' in switched.stdout
     assert flavour(state) == 'ops' and stamp(state)['mmcv'] == 'ops'
     assert venv_has(state, 'mmcv') and not venv_has(state, 'mmcv-lite')

@@ -26,7 +26,7 @@ DEST="$ROOT/work_dirs/device_wheels"
 PY_VERSION=3.12
 MAX_MIB=60
 
-# NAME==VERSION, one a line: the stack (requirements/mminstall.txt, mmcv-lite of
+# NAME==VERSION, one a line: the stack (requirements/openmmlab.txt, mmcv-lite of
 # requirements/mmcv.txt, animal-shape-mnist of requirements/runtime.txt) and the deps of
 # theirs that the GPU machine lacks (each wheel's Requires-Dist, less what is there).
 WHEELS=(

@@ -77,7 +77,7 @@ fi
 REQUIREMENTS="$(mktemp)"
 PLACEHOLDERS=""
 trap 'rm -f "$REQUIREMENTS" "$REQUIREMENTS.constraints"; [ -z "$PLACEHOLDERS" ] || rm -rf "$PLACEHOLDERS"' EXIT
-FILES=("$ROOT/requirements/build.txt" "$ROOT/requirements/mminstall.txt"
+FILES=("$ROOT/requirements/build.txt" "$ROOT/requirements/openmmlab.txt"
        "$ROOT/requirements/runtime.txt" "$ROOT/requirements/tests.txt")
 [ "$WITH_TORCH" = 1 ] && FILES+=("$ROOT/requirements/torch.txt")
 grep -hv '^\s*#' "${FILES[@]}" | sed '/^\s*$/d' > "$REQUIREMENTS"

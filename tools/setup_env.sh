@@ -11,6 +11,12 @@
 #                                             # (the other stacks that CI tests:
 #                                             # requirements/stacks/*.txt)
 #
+# A stack file is a requirements file with two additions: `# python: X.Y` makes a new
+# environment with that Python (pythonX.Y on PATH, else pyenv's; PYTHON overrides), and a
+# line ending in `# replaces NAME` takes the place of NAME's pin, for another distribution of
+# the same import (onedl-mmcv for mmcv). Without --stack, a new environment gets PYTHON or
+# python3.
+#
 # mmcv comes in two flavours that write the same files (never both at once): `mmcv-lite`, a
 # pure-Python wheel, is enough for the demo, pretraining, k-NN and linear probing; mmdet's
 # RoIAlign/nms and mmseg need mmcv compiled with ops (about 7 minutes on 2 cores). Without
@@ -34,7 +40,7 @@ STACK=""
 
 log() { printf '[setup_env] %s\n' "$*" >&2; }
 die() { printf '[setup_env] error: %s\n' "$*" >&2; exit 2; }
-usage() { sed -n '2,25p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,31p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -60,8 +66,7 @@ fi
 PY="$VENV/bin/python"
 STAMP="$VENV/.mst_mm_stamp"
 CACHE="${MST_MM_WHEEL_CACHE:-$HOME/.cache/mst_mm/wheels}"
-MMCV_VERSION="$(sed -n 's/^mmcv==\([0-9.]*\).*/\1/p' "$ROOT/requirements/mmcv.txt")"
-[ -n "$MMCV_VERSION" ] || die "requirements/mmcv.txt names no 'mmcv==VERSION' line"
+STACK_PYTHON="$([ -n "$STACK" ] && sed -n 's/^# python: *\(3\.[0-9]*\) *$/\1/p' "$STACK" || true)"
 
 inputs_hash() {
   cat "$ROOT"/requirements/*.txt ${STACK:+"$STACK"} "$ROOT/setup.py" "$ROOT/tools/setup_env.sh" \
@@ -94,16 +99,32 @@ if [ -n "$WHEELHOUSE" ]; then
 fi
 pip_install() { "$PY" -m pip install "${PIP_ARGS[@]}" "$@"; }
 
+# The interpreter of a new environment: PYTHON, else the stack's Python, else python3.
+stack_interpreter() {  # the first of pythonX.Y on PATH and pyenv's X.Y that runs
+  local candidate
+  for candidate in "$(command -v "python$STACK_PYTHON" || true)" \
+      $(command -v pyenv >/dev/null && ls -d "$(pyenv root)/versions/$STACK_PYTHON".*/bin/python 2>/dev/null | sort -rV); do
+    # (a pyenv shim is on PATH even where that version is not selected: it must run)
+    if [ -n "$candidate" ] && "$candidate" -c 'import venv' >/dev/null 2>&1; then
+      printf '%s\n' "$candidate"
+      return
+    fi
+  done
+  die "the stack '$STACK' wants Python $STACK_PYTHON, which is neither python$STACK_PYTHON on PATH nor a pyenv version: install it (pyenv install $STACK_PYTHON), or set PYTHON to a python$STACK_PYTHON"
+}
 if [ ! -x "$PY" ]; then
   # --no-torch: the new environment sees the interpreter's own packages (the user's CUDA
   # torch); what we install goes into the environment and takes precedence.
   VENV_ARGS=()
   [ "$OWN_TORCH" = 1 ] && VENV_ARGS+=(--system-site-packages)
-  log "creating $VENV ${VENV_ARGS[*]:-}"
-  "${PYTHON:-python3}" -m venv "${VENV_ARGS[@]}" "$VENV"
+  BASE_PYTHON="${PYTHON:-$([ -n "$STACK_PYTHON" ] && stack_interpreter || echo python3)}"
+  log "creating $VENV with $BASE_PYTHON ${VENV_ARGS[*]:-}"
+  "$BASE_PYTHON" -m venv "${VENV_ARGS[@]}" "$VENV"
 fi
 PY_TAG="$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
 PY_VERSION="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+[ -z "$STACK_PYTHON" ] || [ "$STACK_PYTHON" = "$PY_VERSION" ] || [ -n "${PYTHON:-}" ] \
+  || die "$VENV runs Python $PY_VERSION, the stack '$STACK' wants $STACK_PYTHON: remove it (rm -rf $VENV) or give another --venv"
 
 MANIFEST="${WHEELHOUSE:+$WHEELHOUSE/wheelhouse.txt}"
 manifest_field() { [ -n "$MANIFEST" ] && [ -f "$MANIFEST" ] && sed -n "s/^$1=//p" "$MANIFEST" || true; }
@@ -115,64 +136,60 @@ if [ -n "$WHEELHOUSE" ]; then
   fi
 fi
 
-# What is installed now: ops | lite | both | no-ops | none (package metadata, no import).
-installed_mmcv() {
-  "$PY" - <<'PY'
-import importlib.metadata as md
-def files(name):
-    try:
-        return [str(f) for f in (md.distribution(name).files or [])]
-    except md.PackageNotFoundError:
-        return None
-full, lite = files('mmcv'), files('mmcv-lite')
-if full is not None and lite is not None:
-    print('both')
-elif full is not None:
-    print('ops' if any(f.startswith('mmcv/_ext') for f in full) else 'no-ops')
-else:
-    print('lite' if lite is not None else 'none')
-PY
+# requirements/*.txt as pip reads them, with --stack's pins in place of the same packages'.
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+pin_names() { sed -n 's/^\s*\([A-Za-z0-9_.-]*\).*/\1/p' "$@" | tr 'A-Z_' 'a-z-' | sort -u; }
+stack_lines_for() {  # the stack's lines that pin package $1 or say `# replaces $1`
+  local line own replaced
+  sed '/^\s*#/d; /^\s*$/d' "$STACK" | while IFS= read -r line; do
+    own="$(printf '%s\n' "$line" | pin_names /dev/stdin)"
+    replaced="$(printf '%s\n' "$line" | sed -n 's/.*#\s*replaces\s\+\([A-Za-z0-9_.-]*\).*/\1/p' | tr 'A-Z_' 'a-z-')"
+    if [ "$own" = "$1" ] || [ "$replaced" = "$1" ]; then printf '%s\n' "$line" | sed 's/\s*#.*//'; fi
+  done
 }
-INSTALLED_MMCV="$(installed_mmcv)"
-compiled_mmcv_in() { ls "$1"/mmcv-"$MMCV_VERSION"-"$PY_TAG"-*.whl 2>/dev/null | head -n1 || true; }
-if [ "$WANT_OPS" = 0 ] && { [ "$INSTALLED_MMCV" = ops ] \
+stacked() {  # a requirements file with --stack's lines in place of each package it pins
+  local line name replacement
+  sed '/^\s*#/d; /^\s*$/d' "$1" | while IFS= read -r line; do
+    name="$(printf '%s\n' "$line" | pin_names /dev/stdin)"
+    replacement="$([ -z "$STACK" ] || stack_lines_for "$name")"
+    printf '%s\n' "${replacement:-$line}"
+  done
+}
+for file in build mmcv openmmlab runtime torch tests; do
+  stacked "$ROOT/requirements/$file.txt" > "$WORK/$file.txt"
+done
+CONSTRAINTS="$WORK/constraints.txt"
+CONSTRAINT_FILES=("$WORK/build.txt" "$WORK/openmmlab.txt" "$WORK/runtime.txt")
+[ "$TORCH_MODE" = pinned ] && CONSTRAINT_FILES+=("$WORK/torch.txt")
+cat "${CONSTRAINT_FILES[@]}" > "$CONSTRAINTS"
+
+# The distribution that provides mmcv: mmcv (whose mmcv-lite has no ops), or a stack's
+# replacement such as onedl-mmcv, which always compiles its ops.
+MMCV_DIST="$(sed -n 's/^\([A-Za-z0-9_.-]*\)==.*/\1/p' "$WORK/mmcv.txt" | head -n1)"
+MMCV_VERSION="$(sed -n 's/^[A-Za-z0-9_.-]*==\([0-9.]*\).*/\1/p' "$WORK/mmcv.txt" | head -n1)"
+[ -n "$MMCV_VERSION" ] || die "requirements/mmcv.txt (with the stack's lines) names no 'DIST==VERSION' line"
+MMCV_WHEEL_PREFIX="$(printf '%s' "$MMCV_DIST" | tr '-' '_')-$MMCV_VERSION"
+
+# What is installed now (package metadata, no import): flavour ops | lite | both | no-ops |
+# none, and the distributions that provide mmcv.
+read -r INSTALLED_MMCV INSTALLED_MMCV_DISTS < <("$PY" "$ROOT/tools/stack_check.py" --installed-mmcv)
+compiled_mmcv_in() { ls "$1/$MMCV_WHEEL_PREFIX-$PY_TAG"-*.whl 2>/dev/null | head -n1 || true; }
+if [ "$WANT_OPS" = 0 ] && { [ "$INSTALLED_MMCV" = ops ] || [ "$MMCV_DIST" != mmcv ] \
      || { [ -n "$WHEELHOUSE" ] && [ -n "$(compiled_mmcv_in "$WHEELHOUSE")" ]; }; }; then
-  WANT_OPS=1   # a compiled mmcv is there (or is all the wheelhouse has): it serves both
+  # a compiled mmcv is there (or is all the wheelhouse or the stack's provider has): it
+  # serves both
+  WANT_OPS=1
 fi
 FLAVOUR=$([ "$WANT_OPS" = 1 ] && echo ops || echo lite)
-log "mmcv $MMCV_VERSION: installed '$INSTALLED_MMCV', wanted '$FLAVOUR'; torch: $TORCH_MODE"
+log "$MMCV_DIST $MMCV_VERSION: installed '$INSTALLED_MMCV' ($INSTALLED_MMCV_DISTS), wanted '$FLAVOUR'; torch: $TORCH_MODE"
 # What will be installed as mmcv; a wheelhouse that cannot give it is refused before
 # anything in the environment changes.
 MMCV_SPEC="mmcv-lite==$MMCV_VERSION"
 if [ "$FLAVOUR" = ops ] && [ -n "$WHEELHOUSE" ]; then
   MMCV_SPEC="$(compiled_mmcv_in "$WHEELHOUSE")"
-  [ -n "$MMCV_SPEC" ] || die "wheelhouse '$WHEELHOUSE' has no compiled mmcv-$MMCV_VERSION for $PY_TAG (it was collected with --mmcv lite?): drop --ops for pretraining only, or collect it with --mmcv ops"
+  [ -n "$MMCV_SPEC" ] || die "wheelhouse '$WHEELHOUSE' has no compiled $MMCV_DIST-$MMCV_VERSION for $PY_TAG (it was collected with --mmcv lite?): drop --ops for pretraining only, or collect it with --mmcv ops"
 fi
-
-# requirements/*.txt as pip reads them, with --stack's pins in place of the same packages'.
-WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
-pin_names() { sed -n 's/^\s*\([A-Za-z0-9_.-]*\).*/\1/p' "$@" | tr 'A-Z_' 'a-z-' | sort -u; }
-stacked() {  # a requirements file with --stack's line in place of each package it pins
-  local line name
-  grep -v '^\s*#' "$1" | sed '/^\s*$/d' | while IFS= read -r line; do
-    name="$(printf '%s\n' "$line" | pin_names /dev/stdin)"
-    if [ -n "$STACK" ] && pin_names "$STACK" | grep -qx "$name"; then
-      grep -v '^\s*#' "$STACK" | sed '/^\s*$/d' | while IFS= read -r line; do
-        [ "$(printf '%s\n' "$line" | pin_names /dev/stdin)" = "$name" ] && printf '%s\n' "$line"
-      done || true
-    else
-      printf '%s\n' "$line"
-    fi
-  done
-}
-for file in build mminstall runtime torch tests; do
-  stacked "$ROOT/requirements/$file.txt" > "$WORK/$file.txt"
-done
-CONSTRAINTS="$WORK/constraints.txt"
-CONSTRAINT_FILES=("$WORK/build.txt" "$WORK/mminstall.txt" "$WORK/runtime.txt")
-[ "$TORCH_MODE" = pinned ] && CONSTRAINT_FILES+=("$WORK/torch.txt")
-cat "${CONSTRAINT_FILES[@]}" > "$CONSTRAINTS"
 
 log "build tools"
 if [ -z "$WHEELHOUSE" ]; then pip_install -U pip; fi
@@ -199,32 +216,33 @@ if [ "$FLAVOUR" = ops ] && [ -z "$WHEELHOUSE" ]; then
   mkdir -p "$CACHE"
   MMCV_SPEC="$(compiled_mmcv_in "$CACHE")"
   if [ -z "$MMCV_SPEC" ]; then
-    log "building mmcv $MMCV_VERSION with ops (about 7 minutes on 2 cores; cached in $CACHE)"
+    log "building $MMCV_DIST $MMCV_VERSION with ops (7 to 10 minutes on 2 cores; cached in $CACHE)"
     BUILD_DIR="$(mktemp -d)"
-    MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" CFLAGS=-g0 \
-      # --no-cache-dir: pip's own wheel cache keys a build by the sdist alone, and would
-      # hand back a wheel compiled against another torch.
-      "$PY" -m pip wheel --disable-pip-version-check -q --no-cache-dir --no-build-isolation --no-deps \
-      "mmcv==$MMCV_VERSION" -w "$BUILD_DIR"
-    mv "$BUILD_DIR"/mmcv-*.whl "$CACHE"/
+    # --no-cache-dir: pip's own wheel cache keys a build by the sdist alone, and would hand
+    # back a wheel compiled against another torch.
+    MMCV_WITH_OPS=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" CFLAGS=-g0 CXXFLAGS=-g0 \
+      "$PY" -m pip wheel --disable-pip-version-check -q --no-cache-dir --no-build-isolation \
+      --no-deps "$MMCV_DIST==$MMCV_VERSION" -w "$BUILD_DIR"
+    mv "$BUILD_DIR/$MMCV_WHEEL_PREFIX"-*.whl "$CACHE"/
     rm -rf "$BUILD_DIR"
     FRESH_MMCV=1  # a compiled mmcv already installed here may fit another torch: replace it
     MMCV_SPEC="$(compiled_mmcv_in "$CACHE")"
   fi
 fi
 
-# mmcv: remove the other flavour (and any half state) once the wanted one is at hand.
+# mmcv: remove the other flavour or provider (and any half state) once the wanted one is at
+# hand.
+WANTED_DIST=$([ "$FLAVOUR" = ops ] && echo "$MMCV_DIST" || echo mmcv-lite)
 [ "${FRESH_MMCV:-0}" = 1 ] && [ "$INSTALLED_MMCV" = ops ] && INSTALLED_MMCV=stale
-case "$FLAVOUR:$INSTALLED_MMCV" in
-  ops:ops|lite:lite) ;;
-  *:none) ;;
-  *) log "uninstalling the installed mmcv ($INSTALLED_MMCV) before installing mmcv $FLAVOUR"
-     "$PY" -m pip uninstall --disable-pip-version-check -q -y mmcv-lite mmcv ;;
-esac
+if [ "$INSTALLED_MMCV" != none ] && { [ "$INSTALLED_MMCV" != "$FLAVOUR" ] \
+     || [ "$INSTALLED_MMCV_DISTS" != "$WANTED_DIST" ]; }; then
+  log "uninstalling the installed mmcv ($INSTALLED_MMCV: $INSTALLED_MMCV_DISTS) before installing $WANTED_DIST"
+  "$PY" -m pip uninstall --disable-pip-version-check -q -y ${INSTALLED_MMCV_DISTS//,/ }
+fi
 
-log "OpenMMLab stack with mmcv $FLAVOUR"
+log "OpenMMLab stack with $WANTED_DIST"
 pip_install -c "$CONSTRAINTS" "$MMCV_SPEC" \
-  -r "$WORK/mminstall.txt" -r "$WORK/runtime.txt" -r "$WORK/tests.txt"
+  -r "$WORK/openmmlab.txt" -r "$WORK/runtime.txt" -r "$WORK/tests.txt"
 log "mst_mm (editable)"
 pip_install -c "$CONSTRAINTS" --no-build-isolation --no-deps -e "$ROOT"
 log "mst_research, the research kit (editable; not part of mst_mm's wheel)"

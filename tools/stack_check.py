@@ -6,6 +6,7 @@ fresh environment, so both share this one check::
     python tools/stack_check.py                 # pretraining stack (mmcv-lite is enough)
     python tools/stack_check.py --ops           # also mmcv's compiled ops, mmdet and mmseg
     python tools/stack_check.py --pinned-torch  # also the registry torch of requirements/
+    python tools/stack_check.py --installed-mmcv  # print the mmcv flavour and its providers
 
 It prints one line per check and exits non-zero, naming the problem and its fix, at the
 first failure.
@@ -36,27 +37,30 @@ class StackError(RuntimeError):
     """An installed stack that cannot run mst_mm; the message names the fix."""
 
 
+def mmcv_providers() -> List[str]:
+    """The installed distributions that provide the ``mmcv`` package (``mmcv``, ``mmcv-lite``,
+    ``onedl-mmcv``, ...), read from package metadata (no import)."""
+    return sorted(set(metadata.packages_distributions().get('mmcv', [])))
+
+
 def installed_mmcv_flavour() -> Optional[str]:
-    """Which mmcv distribution is installed, read from package metadata (no import).
+    """Which kind of mmcv is installed, read from package metadata (no import).
 
     Returns:
-        ``'ops'`` for ``mmcv`` with its compiled extension, ``'lite'`` for ``mmcv-lite``,
-        ``'both'`` when both distributions are installed (they write the same files, so
-        one of them is broken), ``'no-ops'`` for an ``mmcv`` without the extension, and
-        ``None`` when neither is installed.
+        ``'ops'`` for a provider with the compiled extension (``mmcv``, ``onedl-mmcv``),
+        ``'lite'`` for ``mmcv-lite``, ``'both'`` when two distributions provide mmcv (they
+        write the same files, so one of them is broken), ``'no-ops'`` for a provider without
+        the extension, and ``None`` when none is installed.
     """
-    def files(name: str) -> Optional[List[str]]:
-        try:
-            return [str(f) for f in (metadata.distribution(name).files or [])]
-        except metadata.PackageNotFoundError:
-            return None
-
-    full, lite = files('mmcv'), files('mmcv-lite')
-    if full is not None and lite is not None:
+    providers = mmcv_providers()
+    if len(providers) > 1:
         return 'both'
-    if full is not None:
-        return 'ops' if any(f.startswith('mmcv/_ext') for f in full) else 'no-ops'
-    return 'lite' if lite is not None else None
+    if not providers:
+        return None
+    if providers == ['mmcv-lite']:
+        return 'lite'
+    files = metadata.distribution(providers[0]).files or []
+    return 'ops' if any(str(f).startswith('mmcv/_ext') for f in files) else 'no-ops'
 
 
 def _check_versions(pinned_torch: bool) -> str:
@@ -82,8 +86,9 @@ def _check_versions(pinned_torch: bool) -> str:
 def _check_mmcv(ops: bool) -> str:
     flavour = installed_mmcv_flavour()
     if flavour in (None, 'both', 'no-ops'):
-        raise StackError(f'mmcv state {flavour!r}: install exactly one of mmcv-lite==2.1.0 or '
-                         'mmcv==2.1.0 built with ops (tools/setup_env.sh does this)')
+        raise StackError(f'mmcv state {flavour!r} ({", ".join(mmcv_providers()) or "none"}): '
+                         'install exactly one provider of mmcv: mmcv-lite, or mmcv or '
+                         'onedl-mmcv built with ops (tools/setup_env.sh does this)')
     if ops and flavour != 'ops':
         raise StackError('mmcv-lite has no compiled ops, which mmdet and mmseg need: run '
                          'tools/setup_env.sh --ops (it replaces mmcv-lite by the compiled mmcv)')
@@ -97,21 +102,24 @@ def _check_mmcv(ops: bool) -> str:
             torch.full((1, 1, 8, 8), 3.0), torch.tensor([[0., 1., 1., 6., 6.]]))
         if keep.tolist() != [0, 2] or not torch.allclose(pooled, torch.full_like(pooled, 3.)):
             raise StackError('mmcv.ops nms / RoIAlign give wrong results: rebuild mmcv')
-    return f'mmcv {mmcv.__version__} ({flavour})'
+    return f'mmcv {mmcv.__version__} ({flavour}, {mmcv_providers()[0]})'
 
 
 def _check_imports(ops: bool) -> str:
     import mmengine
+    import mmpretrain
     import mmpretrain.models  # noqa: F401
 
     import mst_mm
+    # Versions from the modules: OneDL's distributions have other names (onedl-mmpretrain).
     names = [f'mmengine {mmengine.__version__}',
-             f'mmpretrain {metadata.version("mmpretrain")}', f'mst_mm {mst_mm.__version__}']
+             f'mmpretrain {mmpretrain.__version__}', f'mst_mm {mst_mm.__version__}']
     if ops:
+        import mmdet
         import mmdet.models  # noqa: F401
+        import mmseg
         import mmseg.models  # noqa: F401
-        names += [f'mmdet {metadata.version("mmdet")}',
-                  f'mmsegmentation {metadata.version("mmsegmentation")}']
+        names += [f'mmdet {mmdet.__version__}', f'mmsegmentation {mmseg.__version__}']
     return ', '.join(names)
 
 
@@ -187,7 +195,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help='require the compiled mmcv and import mmdet and mmseg')
     parser.add_argument('--pinned-torch', action='store_true',
                         help='require the registry torch build of requirements/torch.txt')
+    parser.add_argument('--installed-mmcv', action='store_true',
+                        help="print the mmcv flavour (ops, lite, both, no-ops, none) and its "
+                        "providers ('-' for none), comma-separated, and check nothing")
     args = parser.parse_args(argv)
+    if args.installed_mmcv:
+        print(installed_mmcv_flavour() or 'none', ','.join(mmcv_providers()) or '-')
+        return 0
     try:
         run_stack_check(ops=args.ops, pinned_torch=args.pinned_torch)
     except StackError as error:
