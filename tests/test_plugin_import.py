@@ -270,3 +270,34 @@ def test_import_and_our_loads_change_nothing_of_other_libraries():
     names = {tuple(key.split('/', 2)[1:]) for key in before['entries']}
     clashes = [key for key in added if tuple(key.split('/', 2)[1:]) in names]
     assert not clashes, clashes
+
+
+@pytest.mark.network
+@pytest.mark.slow
+def test_the_pretraining_block_of_the_install_guide_runs_around_the_users_torch(tmp_path):
+    """docs/install.md's mmcv-lite block, command for command, in a fresh venv whose torch is
+    this interpreter's (seen through a .pth file, as a user's CUDA torch would be)."""
+    from tests.test_wheelhouse import user_torch_site
+
+    env_dir = tmp_path / 'venv'
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    python = env_dir / 'bin' / 'python'
+    purelib = subprocess.run(
+        [python, '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
+        capture_output=True, text=True, check=True).stdout.strip()
+    (Path(purelib) / 'user_torch.pth').write_text(f'{user_torch_site(tmp_path / "torch")}\n')
+    env = {key: value for key, value in os.environ.items() if key != 'PYTHONPATH'}
+    for command in (['-m', 'pip', 'install', '--quiet', 'mmcv-lite==2.1.0', 'mmengine==0.10.7',
+                     'mmpretrain==1.2.0', 'setuptools<82'],
+                    ['-m', 'pip', 'install', '--quiet', '-e', REPO],
+                    [REPO / 'tools' / 'stack_check.py']):
+        result = subprocess.run([python, *command], capture_output=True, text=True, env=env,
+                                cwd=tmp_path, timeout=900)
+        if result.returncode != 0 and 'No matching distribution found' in result.stderr:
+            pytest.skip('the package index is not reachable: ' + result.stderr.strip()[-300:])
+        assert result.returncode == 0, (command, result.stdout[-2000:], result.stderr[-3000:])
+    assert '[stack_check] mmcv: mmcv 2.1.0 (lite, mmcv-lite)' in result.stdout
+    assert 'student updated' in result.stdout
+    torch_file = subprocess.run([python, '-c', 'import torch; print(torch.__file__)'], env=env,
+                                capture_output=True, text=True, check=True).stdout.strip()
+    assert torch_file.startswith(str(tmp_path / 'torch')), torch_file
