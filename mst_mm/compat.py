@@ -1,9 +1,6 @@
 """What mst_mm needs from torch that its oldest supported release, 2.1, lacks: each detected
 by the feature, not by the version number, in this one module.
 
-- ``torch.serialization.safe_globals`` (2.5) and ``get_safe_globals`` (2.4): the allow-list
-  of weights-only loading (``engine/safe_loading.py`` brings a restricted unpickler where
-  they are missing).
 - A fused AdamW kernel for CPU parameters (2.4; CUDA has had one since 2.0).
 - ``torch.amp.GradScaler(device)`` (2.3; before, ``torch.cuda.amp.GradScaler``, CUDA only).
 - ``torch.nn.attention.sdpa_kernel`` (2.3; before, ``torch.backends.cuda.sdp_kernel``), for
@@ -15,22 +12,13 @@ One is a fault rather than a missing feature, and can only be told by the versio
 the math backend, and in torch 2.13; the releases between are untested).
 """
 from contextlib import AbstractContextManager
-from typing import Any, List
+from typing import Any
 
 import torch
-
-#: Whether weights-only loading takes an allow-list in a context (``safe_globals``).
-HAS_SAFE_GLOBALS = hasattr(torch.serialization, 'safe_globals')
 
 #: torch 2.1: a training step under CPU bfloat16 autocast may corrupt memory (see above).
 CPU_BFLOAT16_BACKWARD_CORRUPTS = tuple(
     int(part) for part in torch.__version__.split('+')[0].split('.')[:2]) < (2, 2)
-
-
-def get_safe_globals() -> List[Any]:
-    """torch's process-wide weights-only allow-list (empty where torch has none)."""
-    get = getattr(torch.serialization, 'get_safe_globals', None)
-    return list(get()) if get is not None else []
 
 
 def fused_supported(optimizer: type, device: torch.device) -> bool:

@@ -34,10 +34,3 @@ def test_a_grad_scaler_for_the_device_or_a_refusal_naming_the_torch(monkeypatch)
     monkeypatch.delattr(torch.amp, 'GradScaler', raising=False)
     with pytest.raises(RuntimeError, match=r'GradScaler for CUDA only.*torch 2.3'):
         compat.grad_scaler('cpu')
-
-
-def test_safe_globals_are_read_where_torch_has_them():
-    assert hasattr(torch.serialization, 'safe_globals') == compat.HAS_SAFE_GLOBALS
-    assert isinstance(compat.get_safe_globals(), list)
-    version = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2])
-    assert (version < (2, 2)) == compat.CPU_BFLOAT16_BACKWARD_CORRUPTS

@@ -24,8 +24,8 @@ from mmengine.config import Config
 from mmengine.utils import digit_version
 from mmengine.utils.dl_utils import TORCH_VERSION
 
+from mst_mm.engine.checked_runner import check_training_checkpoint
 from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool
-from mst_mm.engine.safe_loading import check_training_checkpoint
 
 
 def parse_args(argv=None) -> argparse.Namespace:

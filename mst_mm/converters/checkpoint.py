@@ -17,7 +17,8 @@ from mmengine.registry import DefaultScope
 from mmengine.runner import set_random_seed
 from mmpretrain.registry import MODELS
 
-from mst_mm.engine.safe_loading import load_checked, read_checkpoint, state_dict_of
+from mst_mm.engine.checked_runner import load_checked, state_dict_of
+from mst_mm.engine.safe_loading import read_checkpoint
 from mst_mm.errors import CheckpointError, UserInputError
 from mst_mm.models.algorithms.mst import BACKBONE_PREFIXES, PRETRAIN_ONLY_KEYS
 

@@ -14,7 +14,6 @@ The result is an mmengine checkpoint that holds every tensor of the MST model th
 builds, so that ``load_from`` (which the project's runner refuses when it leaves weights out)
 starts a run from it with a fresh epoch, optimiser and schedules.
 """
-import argparse
 import os
 import os.path as osp
 from dataclasses import dataclass, field
@@ -101,9 +100,9 @@ def read_dino_checkpoint(filename: str) -> DINOWeights:
     when it holds only one of them, both come from it. A bare state dict is one backbone (or
     one ``MultiCropWrapper``, if its keys say ``backbone.*``), which both take.
     """
-    # main_dino.py saves its command line (`args`, an argparse.Namespace of plain values)
-    # in every full checkpoint: allowed for this read only, as mmengine's globals are.
-    loaded = read_checkpoint(filename, map_location='cpu', allow=[argparse.Namespace])
+    # main_dino.py saves its command line (`args`, an argparse.Namespace) in every full
+    # checkpoint: read_checkpoint gives it as a dict of its values.
+    loaded = read_checkpoint(filename, map_location='cpu')
     if not isinstance(loaded, dict):
         raise CheckpointError(f'{filename} holds a {type(loaded).__name__}, not a checkpoint '
                               'dict: expected a DINO checkpoint or a timm ViT state dict.')

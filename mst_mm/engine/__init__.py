@@ -1,3 +1,4 @@
+from .checked_runner import *  # noqa: F401,F403
 from .cli import add_cfg_options_argument, check_cfg_options, merge_cfg_options, run_tool
 from .distributed import init_cpu_distributed
 from .hooks import *  # noqa: F401,F403

@@ -15,8 +15,8 @@ class RandomStateHook(Hook):
     saves) and restores them on resume, where mmengine re-seeds (docs/reliability.md).
 
     The CUDA state is this process's own device's (``torch.cuda.current_device()``): each
-    rank draws on its own GPU only. Checkpoints that hold a list, one state per visible GPU
-    (earlier versions), give the entry of the current device's index."""
+    rank draws on its own GPU only. The checkpoint stores the numpy state's key array in
+    plain form (``plain_checkpoint``), so torch's weights-only loader reads it."""
     priority = 'LOWEST'  # restore after every other hook's before_train
 
     def __init__(self) -> None:
@@ -39,7 +39,6 @@ class RandomStateHook(Hook):
         state, self._resumed_state = self._resumed_state, None
         if state is None:
             return
-        state = state.get('per_rank', [state])[0]  # earlier versions saved a list per rank
         # Runner.resume may have mapped the states to a GPU; the setters take CPU bytes.
         torch.set_rng_state(state['torch'].cpu())
         # A loader with persistent workers builds its iterator once, at its first epoch, and
@@ -58,9 +57,4 @@ class RandomStateHook(Hook):
         np.random.set_state(state['numpy'])
         random.setstate(state['python'])
         if 'cuda' in state and torch.cuda.is_available():
-            device = torch.cuda.current_device()
-            cuda = state['cuda']
-            if isinstance(cuda, (list, tuple)):  # one state per visible GPU
-                cuda = cuda[device] if device < len(cuda) else None
-            if cuda is not None:
-                torch.cuda.set_rng_state(cuda.cpu(), device)
+            torch.cuda.set_rng_state(state['cuda'].cpu(), torch.cuda.current_device())

@@ -79,7 +79,7 @@ class DINODistillHead(BaseModule):
           collapse to 0.
         - ``teacher_student_kl``: :math:`L_{CE} - H(P_t)`, the mean KL divergence from the
           student to the teacher over the loss's pairs. Both collapse modes drive it to 0.
-        - ``prototypes_in_use``: :math:`\exp H(ar P_t)`, the perplexity of the batch-mean
+        - ``prototypes_in_use``: :math:`\exp H(\bar P_t)`, the perplexity of the batch-mean
           teacher distribution: about K when the batch spreads over all prototypes, 1 when
           every sample picks the same one.
 
