@@ -296,6 +296,20 @@ def test_deep_nesting_is_refused_by_name_without_crashing(tmp_path):
         assert 'more than 64' in result.stdout, result.stdout
 
 
+def test_a_value_shared_2_to_the_60_times_is_walked_once(tmp_path, loaders):
+    """Each list holds the one before it twice: 60 levels reach 2**60 paths, 120 objects."""
+    body = pickle.EMPTY_LIST + pickle.BINPUT + b'\0' + pickle.POP
+    for level in range(1, 61):
+        body += (pickle.EMPTY_LIST + (pickle.BINGET + bytes([level - 1]) + pickle.APPEND) * 2
+                 + pickle.BINPUT + bytes([level]) + pickle.POP)
+    body += pickle.BINGET + bytes([60])
+    path = torch_zip(tmp_path / 'shared.pth', pickled(body))
+    loaded = read_checkpoint(path)
+    assert loaded[0] is loaded[1] and loaders[0] == 'torch'  # torch's, or ours after it
+    shared = from_plain(foreign_read(path))
+    assert shared[0] is shared[1]
+
+
 def test_zip_bombs_and_oversized_pickles_are_refused_before_reading(tmp_path, loaders,
                                                                     monkeypatch):
     bomb = torch_zip(tmp_path / 'bomb.pth', pickled(text('\0' * (50 << 20))), compress=True)
@@ -460,3 +474,19 @@ def test_a_training_checkpoint_of_ours_loads_with_plain_torch_load(tmp_path):
     assert isinstance(loaded['message_hub']['log_scalars']['train/loss'], HistoryBuffer)
     assert loaded['message_hub']['runtime_info']['numpy_info'] == np.float32(0.5)
     assert loaded['random_state']['numpy'][1].dtype == np.uint32
+
+
+def test_an_mmpretrain_released_checkpoint_gives_its_backbone(tmp_path, loaders):
+    """mmpretrain's model zoo: ``meta`` (with numpy values in older releases) and a
+    ``state_dict`` of an ImageClassifier; the converters take its ``backbone.*``."""
+    from mst_mm.converters import backbone_state
+    weights = OrderedDict([('backbone.cls_token', torch.zeros(1, 1, 4)),
+                           ('backbone.layers.0.ln1.weight', torch.ones(4)),
+                           ('head.layers.head.weight', torch.ones(10, 4))])
+    path = tmp_path / 'vit-small_in1k.pth'
+    torch.save({'meta': {'mmpretrain_version': '1.0.0', 'epoch': 300, 'seed': np.int64(0),
+                         'dataset_meta': {'classes': ('tench', 'goldfish')}},
+                'state_dict': weights}, path)
+    backbone = backbone_state(str(path), 'student')
+    assert sorted(backbone) == ['cls_token', 'layers.0.ln1.weight'] and loaders == ['torch',
+                                                                                    'foreign']

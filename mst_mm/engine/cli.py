@@ -194,7 +194,11 @@ def _pretrained(config: str) -> str:  # the converted backbone a downstream conf
 def run_tool(main: Callable[[], Any]) -> None:
     """Run ``main()``; a UserInputError becomes ``TOOL: error: MESSAGE``, status 2 (argparse's)."""
     try:
-        main()
+        with warnings.catch_warnings():
+            # torch 2.1's own weights-only loader warns on every load that it touches the
+            # TypedStorage API: noise on a tool's stderr, where its one error line goes.
+            warnings.filterwarnings('ignore', 'TypedStorage is deprecated', UserWarning)
+            main()
     except UserInputError as error:
         print(f'{osp.basename(sys.argv[0])}: error: {error}', file=sys.stderr)
         raise SystemExit(2) from None
