@@ -33,7 +33,10 @@ def text(s: str) -> bytes:
 
 
 def integer(n: int) -> bytes:
-    return pickle.BININT + struct.pack('<i', n)
+    if -2**31 <= n < 2**31:
+        return pickle.BININT + struct.pack('<i', n)
+    data = n.to_bytes((n.bit_length() + 8) // 8, 'little', signed=True)
+    return pickle.LONG1 + bytes([len(data)]) + data
 
 
 def glob(module: str, name: str) -> bytes:
@@ -236,6 +239,11 @@ def test_a_tensor_past_its_storage_is_refused(tmp_path, loaders):
     assert loaders[0] == 'torch'
     with pytest.raises(foreign_pickle.ForeignPickleError, match='past its storage'):
         foreign_read(path)
+    # stride 0: 2**40 elements over one float, which a copy to a device would materialise
+    expanded = torch_zip(tmp_path / 'expanded.pth', pickled(storage_tensor('0', 1, 1 << 40, 0)),
+                         {'0': b'\0' * 4})
+    with pytest.raises(foreign_pickle.ForeignPickleError, match='more elements than its storage'):
+        foreign_read(expanded)
     wrong = torch_zip(tmp_path / 'wrong.pth', pickled(storage_tensor('0', 1 << 30, 4)),
                       {'0': b'\0' * 16})
     with pytest.raises(foreign_pickle.ForeignPickleError, match='is not 1073741824 elements'):

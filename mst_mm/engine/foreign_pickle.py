@@ -145,6 +145,10 @@ class _Reader:
         self.check(len(size) == len(stride), 'a tensor whose sizes and strides differ in length')
         extent = offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1
         self.check(0 in size or extent <= data.numel(), 'a tensor reaching past its storage')
+        numel = 1
+        for n in size:
+            numel *= n
+        self.check(numel <= max(data.numel(), 1), 'a tensor of more elements than its storage')
         tensor = data.as_strided(size, stride, offset)
         return tensor if self.device is None else tensor.to(self.device)
 

@@ -84,6 +84,10 @@ def read_checkpoint(filename: str, map_location: Union[None, str, torch.device] 
                     f'Refusing to load {filename}: its pickle asks for {error.what}, which '
                     'no checkpoint of weights holds. Loading it could run code hidden in '
                     'the file: use a checkpoint you trust.') from None
+            except Exception as error:  # torch refused a tensor our bounds allowed, say
+                raise CheckpointError(f'Cannot read checkpoint {filename}: it is corrupted '
+                                      f'({type(error).__name__}: {str(error)[:200]}). '
+                                      f'{_RETRY}') from None
         except Exception as error:  # torch reads what zipfile accepted, and disagrees
             raise CheckpointError(f'Cannot read checkpoint {filename}: it is corrupted '
                                   f'({type(error).__name__}: {str(error)[:200]}). '
