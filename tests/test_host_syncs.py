@@ -8,6 +8,8 @@ stall. On a GPU, ``torch.cuda.set_sync_debug_mode('warn')`` reports them as they
 only for CUDA tensors; here :class:`HostReads` records them on the CPU, where every tensor
 stands for the device one it would be, with the place in the code that caused each.
 """
+import functools
+import inspect
 import os
 import sys
 from typing import List, Tuple
@@ -43,11 +45,20 @@ THE_FINITE_LOSS_CHECK = ('aten._local_scalar_dense', 'mst_mm/models/algorithms/m
                          'parse_losses')
 
 
+@functools.lru_cache(maxsize=None)
+def _source_lines(counter: type) -> range:
+    lines, first = inspect.getsourcelines(counter)
+    return range(first, first + len(lines))
+
+
 def _where(frame, counter: type) -> Tuple[str, str]:
     """``(file, function)`` of the innermost frame outside torch and ``counter``'s own code:
     the repository's path, or a package's below site-packages."""
+    # counter's code, nested classes included, is what starts within its source lines
+    # (Python 3.10 has no co_qualname).
     while (frame.f_code.co_filename.startswith(TORCH_DIR)
-           or frame.f_code.co_qualname.startswith(counter.__name__ + '.')):
+           or (frame.f_code.co_filename == __file__
+               and frame.f_code.co_firstlineno in _source_lines(counter))):
         frame = frame.f_back
     path = frame.f_code.co_filename
     for root in (str(REPO) + os.sep, os.sep + 'site-packages' + os.sep):
