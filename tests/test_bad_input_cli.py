@@ -7,9 +7,9 @@ import sys
 import pytest
 from mmengine.config import Config
 
-from mst_mm.engine import check_cfg_options, merge_cfg_options
-from mst_mm.engine.cli import check_test_config
 from mst_mm.errors import UserInputError
+from mst_mm.utils import check_cfg_options, merge_cfg_options
+from mst_mm.utils.cli import check_test_config
 from tests.helpers import DEMO_CONFIG, REPO, load_tool
 
 KNN_CONFIG = str(REPO / 'configs/benchmarks/knn/knn_vit-tiny_demo.py')
@@ -162,6 +162,21 @@ def test_the_suggested_knn_config_loads_the_evidence_checkpoint_and_the_width_is
     torch.save({'state_dict': demo.state_dict()}, tmp_path / 'demo.pth')
     message = _suggested(evidence, str(tmp_path / 'demo.pth'))
     assert 'knn/knn_vit-tiny_demo.py' in message and '-48_' not in message
+
+
+def test_an_installed_wheel_suggests_the_configs_it_carries_for_mim(tmp_path, monkeypatch):
+    """Installed from a wheel, mst_mm has no repository around it: the suggestions come from
+    mst_mm/.mim/configs (setup.py's add_mim_extension), named by their full path."""
+    from mst_mm.utils import cli
+    package = tmp_path / 'site-packages' / 'mst_mm'
+    (package / '.mim').mkdir(parents=True)
+    (package / '.mim' / 'configs').symlink_to(REPO / 'configs')
+    assert cli.config_root() == (str(REPO), True)
+    monkeypatch.setattr(cli, '_PACKAGE', str(package))
+    assert cli.config_root() == (str(package / '.mim'), False)
+    demo = _suggested('configs/mst/mst_vit-tiny-p4_1xb64-coslr-10e_demo.py', 'C.pth')
+    knn = package / '.mim' / 'configs' / 'benchmarks' / 'knn' / 'knn_vit-tiny_demo.py'
+    assert f'knn_eval.py {knn} C.pth' in demo
 
 
 def test_a_width_that_no_benchmark_config_has_is_said(tmp_path):

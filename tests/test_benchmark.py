@@ -14,6 +14,7 @@ from functools import partial
 
 import pytest
 import torch
+import torch.nn.functional as F
 from mmengine.config import Config
 
 from mst_research import bench, dino_reference, step_cost
@@ -421,3 +422,12 @@ def test_prototype_precision_times_the_float32_layer_against_autocast(tool, know
     assert step_cost.prototype_row(json.loads(out.read_text()), 'tiny').startswith('| tiny | 2 |')
     with pytest.raises(ValueError, match='float16 needs --device cuda'):
         tool.main(['--models', 'tiny', '--prototype-precision', 'float16', '--out', str(out)])
+
+
+def test_the_math_backend_computes_attention_by_the_book():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, 4, 5, 8).unbind(0)
+    with bench.math_attention():
+        out = F.scaled_dot_product_attention(q, k, v)
+    expected = torch.softmax(q @ k.transpose(-2, -1) / 8**0.5, dim=-1) @ v
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)

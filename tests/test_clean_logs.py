@@ -130,7 +130,7 @@ def test_merged_groups_train_and_schedule_as_per_parameter_groups(message_hub):
 
 
 def test_an_optimiser_state_of_per_parameter_groups_is_refused_with_the_fix(message_hub):
-    """Checkpoints saved before the merge hold one group per parameter (and per-group
+    """Checkpoints saved with merge_param_groups=False hold one group per parameter (and per-group
     scheduler states, which mmengine would zip with the merged groups): the merged optimiser
     refuses them, naming the option that loads them as they were."""
     model, old = demo_model_and_wrapper(merge=False)

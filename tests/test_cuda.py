@@ -167,9 +167,22 @@ def test_dist_train_sh_nccl_sync_bn(gpus, tmp_path):
         assert probes[0]['center'] == probes[1]['center']
 
 
+def attention_backend(name: str):
+    """A block where ``scaled_dot_product_attention`` runs on the backend ``name`` alone
+    (``'MATH'``, ``'FLASH_ATTENTION'``, ``'EFFICIENT_ATTENTION'``), raising where it cannot:
+    ``torch.nn.attention.sdpa_kernel`` from torch 2.3, ``torch.backends.cuda.sdp_kernel``
+    before."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return torch.backends.cuda.sdp_kernel(enable_math=name == 'MATH',
+                                              enable_flash=name == 'FLASH_ATTENTION',
+                                              enable_mem_efficient=name == 'EFFICIENT_ATTENTION')
+    return sdpa_kernel([getattr(SDPBackend, name)])
+
+
 def _last_layer_input_and_attention(backbone, images, backend):
     """forward_mst under one SDPA backend; returns its features and the last layer's input."""
-    from mst_mm.compat import attention_backend
     captured = {}
     handle = backbone.layers[-1].ln1.register_forward_pre_hook(
         lambda module, args: captured.__setitem__('x', args[0].detach()))

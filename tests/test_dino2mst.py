@@ -19,7 +19,7 @@ from mmengine.config import Config
 
 import mst_mm  # noqa: F401
 from mst_mm.converters.dino import convert_dino_checkpoint, fresh_model, read_dino_checkpoint
-from mst_mm.converters.downstream import neck_to_dino_head, timm_to_vit, vit_to_timm
+from mst_mm.converters.names import neck_to_dino_head, timm_to_vit, vit_to_timm
 from mst_mm.engine import build_runner, load_checked, read_checkpoint, state_dict_of
 from mst_mm.errors import CheckpointError, UserInputError
 from tests.helpers import REPO, load_tool, make_image_folder, tiny_runner_cfg

@@ -156,7 +156,7 @@ def test_run_tool_frees_reference_cycles_before_it_destroys_the_process_group():
 import gc, weakref
 import torch
 import torch.distributed as dist
-from mst_mm.engine.cli import run_tool
+from mst_mm.utils.cli import run_tool
 gc.disable()
 dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', rank=0,
                         world_size=1)

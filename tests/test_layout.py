@@ -13,8 +13,8 @@ from tests.helpers import REPO
 
 PACKAGE = REPO / 'mst_mm'
 # Each sub-package may import the ones of a lower rank only (the leaf modules are rank 0).
-RANKS = {'compat': 0, 'errors': 0, 'version': 0, 'models': 1, 'datasets': 2, 'evaluation': 2,
-         'visualization': 2, 'engine': 3, 'converters': 4}
+RANKS = {'compat': 0, 'dependencies': 0, 'errors': 0, 'version': 0, 'models': 1, 'datasets': 2,
+         'evaluation': 2, 'visualization': 2, 'engine': 3, 'utils': 4, 'converters': 5}
 
 
 def mst_mm_imports(path: Path) -> Iterator[Tuple[int, str]]:
@@ -57,12 +57,13 @@ def test_the_package_init_imports_only_what_registers():
     tree = ast.parse((PACKAGE / '__init__.py').read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                 for alias in node.names}
-    assert imported == {'datasets', 'engine', 'evaluation', 'models', '__version__'}
+    assert imported == {'check_dependencies', 'datasets', 'engine', 'evaluation', 'models',
+                        '__version__'}
 
 
-def test_importing_the_plugin_imports_neither_the_kit_nor_the_converters():
+def test_importing_the_plugin_imports_neither_the_kit_nor_the_converters_nor_the_tools_code():
     script = ('import sys, mst_mm; print(sorted(m for m in sys.modules '
-              "if m.startswith(('mst_research', 'mst_mm.converters'))))")
+              "if m.startswith(('mst_research', 'mst_mm.converters', 'mst_mm.utils'))))")
     out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
                          check=True, cwd=REPO.parent).stdout
     assert out.strip() == '[]'

@@ -12,7 +12,7 @@ from mmengine.config import Config, DictAction
 from mmengine.registry import DefaultScope
 from mmengine.runner import Runner
 
-from mst_mm.engine.cli import merge_cfg_options
+from mst_mm.utils.cli import merge_cfg_options
 from tests.helpers import REPO, load_tool, make_image_folder, scalars
 
 KNN = 'configs/benchmarks/knn/knn_deit-s_own-folder.py'

@@ -5,11 +5,11 @@ import random
 import mmcv
 import numpy as np
 import pytest
-from mmpretrain.datasets.transforms import ColorJitter, RandomResizedCrop
+from mmpretrain.datasets.transforms import ColorJitter
 from PIL import Image
 
 import mst_mm  # noqa: F401
-from mst_mm.datasets import ContiguousRandomResizedCrop, FusedColorJitter, MultiCrop
+from mst_mm.datasets import FusedColorJitter, MultiCrop
 from mst_mm.datasets.transforms import _shift_hue
 
 
@@ -57,21 +57,19 @@ def _seeded(transform, image, seed):
 def test_fast_transforms_give_mmpretrains_images_bit_for_bit(shape):
     image = np.random.RandomState(1).randint(0, 256, shape, dtype=np.uint8)
     jitter = dict(brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1)
-    crop = dict(scale=48, crop_ratio_range=(0.05, 1.0), interpolation='bicubic',
-                backend='pillow')
-    pairs = [(FusedColorJitter(**jitter), ColorJitter(**jitter)),
-             (ContiguousRandomResizedCrop(**crop), RandomResizedCrop(**crop))]
-    for fast, reference in pairs:
-        for seed in range(6):
-            out = _seeded(fast, image, seed)
-            assert np.array_equal(out, _seeded(reference, image, seed)), (fast, seed)
-        assert not np.array_equal(_seeded(fast, image, 0), _seeded(fast, image, 1))
+    fast, reference = FusedColorJitter(**jitter), ColorJitter(**jitter)
+    for seed in range(6):
+        out = _seeded(fast, image, seed)
+        assert np.array_equal(out, _seeded(reference, image, seed)), seed
+    assert not np.array_equal(_seeded(fast, image, 0), _seeded(fast, image, 1))
 
     fast = MultiCrop(global_size=40, local_size=16, num_local_crops=3)
     reference = MultiCrop(global_size=40, local_size=16, num_local_crops=3,
                           fast_transforms=False)
-    assert [type(t).__name__ for t in fast.multi_view.pipelines[0].transforms][:1] == [
-        'ContiguousRandomResizedCrop']
+    jitters = [type(t.transforms.transforms[0]).__name__
+               for t in fast.multi_view.pipelines[0].transforms
+               if type(t).__name__ == 'RandomApply']
+    assert jitters == ['FusedColorJitter']
     for seed in range(4):
         views = _seeded(fast, image, seed)
         assert len(views) == 5

@@ -22,7 +22,7 @@ import os.path as osp
 from mmengine.config import Config
 
 from mst_mm.engine import CheckedRunner  # (also registers mst_mm's modules)
-from mst_mm.engine.cli import (
+from mst_mm.utils.cli import (
     add_cfg_options_argument,
     check_test_config,
     merge_cfg_options,

@@ -25,7 +25,7 @@ from mmengine.utils import digit_version
 from mmengine.utils.dl_utils import TORCH_VERSION
 
 from mst_mm.engine.checked_runner import check_training_checkpoint
-from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool
+from mst_mm.utils.cli import add_cfg_options_argument, merge_cfg_options, run_tool
 
 
 def parse_args(argv=None) -> argparse.Namespace:

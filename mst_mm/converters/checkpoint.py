@@ -1,13 +1,14 @@
 """The one reader of trained weights: the model of a config with a checkpoint's weights, or the
-teacher's or the student's backbone of a checkpoint, read weights-only and loaded strictly.
+teacher's or the student's backbone weights of a checkpoint, read weights-only.
 
 Every tool, probe and converter reads checkpoints through here; the prefixes that say where
 MST keeps each network are :data:`~mst_mm.models.algorithms.mst.BACKBONE_PREFIXES`.
 """
 import copy
 import logging
+import os.path as osp
 from contextlib import contextmanager
-from typing import Dict, Iterator, Optional, Union
+from typing import Dict, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -27,6 +28,19 @@ def read_state_dict(checkpoint: str) -> Dict[str, torch.Tensor]:
     """The ``state_dict`` of a checkpoint (or the file itself, if it is a bare state dict),
     read weights-only onto the CPU."""
     return state_dict_of(read_checkpoint(checkpoint, map_location='cpu'), checkpoint)
+
+
+def read_training_checkpoint(checkpoint: str, out: Optional[str] = None) -> dict:
+    """An MST training checkpoint (mmengine's dict with a ``state_dict``), read weights-only;
+    refused when it is ``out``, the file a converter is about to write."""
+    if out is not None and osp.abspath(out) == osp.abspath(checkpoint):
+        raise UserInputError(f'OUT is the input checkpoint {checkpoint}: choose another path, '
+                             'the converted file holds only the backbone.')
+    loaded = read_checkpoint(checkpoint, map_location='cpu')
+    if not isinstance(loaded, dict) or 'state_dict' not in loaded:
+        raise CheckpointError(f'{checkpoint} is not an MST training checkpoint: expected a dict '
+                              "with a 'state_dict' entry, as mmengine saves.")
+    return loaded
 
 
 def extract_backbone(state_dict: Dict[str, torch.Tensor], weights: str = 'teacher',
@@ -78,25 +92,6 @@ def _quiet_init() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
-
-
-def load_backbone(backbone: Union[dict, nn.Module], checkpoint: Optional[str],
-                  weights: str = 'teacher') -> nn.Module:
-    """A backbone (built from its config if given one) in eval mode, with the weights that
-    :func:`backbone_state` finds in ``checkpoint``, every one required; ``checkpoint=None``
-    keeps the random initialisation (``init_weights``)."""
-    if isinstance(backbone, dict):
-        backbone = MODELS.build(backbone)
-    if checkpoint is None:
-        with _quiet_init():
-            backbone.init_weights()
-    else:
-        load_checked(backbone, backbone_state(checkpoint, weights), checkpoint,
-                     "the config's backbone",
-                     'Give an MST training checkpoint of this config, or its backbone.',
-                     strict=True)
-    backbone.eval()  # mmpretrain's ViT.train returns None: no chaining
-    return backbone
 
 
 def load_model(cfg: Config, checkpoint: Optional[str] = None,

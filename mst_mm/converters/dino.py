@@ -1,4 +1,5 @@
-"""DINO's checkpoints (facebookresearch/dino) as the start of an MST run.
+"""DINO's checkpoints (facebookresearch/dino) as the start of an MST run, and an MST checkpoint
+in DINO's layout (:func:`mst_to_dino`, ``mst2downstream.py --target dino``).
 
 The core of ``tools/model_converters/dino2mst.py``. Three kinds of file are read, weights-only:
 
@@ -22,13 +23,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from mmengine.config import Config
 
-from mst_mm.engine.cli import merge_cfg_options
 from mst_mm.engine.safe_loading import read_checkpoint
 from mst_mm.errors import CheckpointError, UserInputError, some_keys
 from mst_mm.models.algorithms.mst import BACKBONE_PREFIXES, NECK_PREFIXES
+from mst_mm.utils.cli import merge_cfg_options
 
-from .checkpoint import load_model
-from .downstream import dino_head_to_neck, timm_to_vit, vit_to_timm
+from .checkpoint import extract_backbone, load_model
+from .names import backbone_kind, dino_head_to_neck, neck_to_dino_head, timm_to_vit, vit_to_timm
 
 # timm's classifier, which DINO's backbones (num_classes=0) do not have.
 TIMM_CLASSIFIER = ('head.weight', 'head.bias')
@@ -343,3 +344,40 @@ def convert_dino_checkpoint(checkpoint: str, out: str, config, cfg_options: Opti
         log(f'Wrote {out} ({len(state)} tensors, every one of the model of {shown}). Start '
             f'with: python tools/train.py {shown} --cfg-options load_from={out}{options}')
     return state
+
+
+def mst_to_dino(state_dict: Dict[str, torch.Tensor],
+                source: str = 'the checkpoint') -> Dict[str, dict]:
+    """An MST ViT training state dict in the layout of DINO's full checkpoints.
+
+    ``student`` and ``teacher`` hold ``backbone.*`` (timm names, as DINO's
+    ``VisionTransformer``) and ``head.*`` (DINO's head), and ``dino_loss`` the centre, so that
+    DINO's ``eval_knn.py`` and ``eval_linear.py`` read the teacher with ``--checkpoint_key
+    teacher`` and ``main_dino.py`` can restart from it. The student's keys carry DDP's
+    ``module.`` prefix and the teacher's only when the head has BatchNorm, as
+    ``main_dino.py`` saves them: its restart loads with ``strict=False``, so a prefix it does
+    not expect would load nothing, silently. The [MASK] token and the image decoder have no
+    place in DINO's format and are left out; so are the optimiser and the epoch (DINO
+    restarts at epoch 0 with its own optimiser).
+    """
+    student = extract_backbone(state_dict, 'student', source)
+    teacher = extract_backbone(state_dict, 'teacher', source)
+    if backbone_kind(teacher) != 'vit':
+        raise UserInputError(f"DINO's format holds ViTs, but {source} holds an MST Swin "
+                             'backbone: use --target mmpretrain (or mmdet for Mask R-CNN).')
+    necks = {name: {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+             for name, prefix in NECK_PREFIXES.items()}
+    if not necks['student'] or not necks['teacher'] or 'head.center' not in state_dict:
+        raise CheckpointError(f'{source} has no DINO head (neck.*, teacher.module.1.*) or '
+                              'no centre (head.center): it is not an MST checkpoint of a '
+                              'model with DINONeck and DINODistillHead.')
+    with_bn = any(k.endswith('running_mean') for k in necks['teacher'])
+    prefixes = dict(student='module.', teacher='module.' if with_bn else '')
+    saved = {}
+    for name, backbone in (('student', student), ('teacher', teacher)):
+        saved[name] = {
+            **{f'{prefixes[name]}backbone.{k}': v for k, v in vit_to_timm(backbone).items()},
+            **{f'{prefixes[name]}head.{k}': v
+               for k, v in neck_to_dino_head(necks[name]).items()}}
+    saved['dino_loss'] = dict(center=state_dict['head.center'])
+    return saved

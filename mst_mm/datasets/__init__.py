@@ -1,7 +1,7 @@
 from .image_folder import CheckedImageDataset, PretrainImageFolder, detect_layout
-from .transforms import ContiguousRandomResizedCrop, FusedColorJitter, LoadImageOrSkip, MultiCrop
+from .transforms import FusedColorJitter, LoadImageOrSkip, MultiCrop
 
 __all__ = [
-    'CheckedImageDataset', 'ContiguousRandomResizedCrop', 'FusedColorJitter',
+    'CheckedImageDataset', 'FusedColorJitter',
     'LoadImageOrSkip', 'MultiCrop', 'PretrainImageFolder', 'detect_layout'
 ]

@@ -8,7 +8,7 @@ import numpy as np
 from mmcv.transforms import BaseTransform, LoadImageFromFile
 from mmengine.logging import print_log
 from mmengine.registry import DefaultScope
-from mmpretrain.datasets.transforms import ColorJitter, RandomResizedCrop
+from mmpretrain.datasets.transforms import ColorJitter
 from mmpretrain.registry import TRANSFORMS
 from PIL import Image, ImageEnhance
 
@@ -74,21 +74,6 @@ class FusedColorJitter(ColorJitter):
         return results
 
 
-@TRANSFORMS.register_module()
-class ContiguousRandomResizedCrop(RandomResizedCrop):
-    """mmpretrain's ``RandomResizedCrop``, bit for bit, without PIL's slow copy of a strided
-    crop view. See docs/benchmarks.md."""
-
-    def transform(self, results: dict) -> dict:
-        img = results['img']
-        top, left, height, width = self.rand_crop_params(img)
-        img = np.ascontiguousarray(img[top:top + height, left:left + width])
-        img = mmcv.imresize(img, tuple(self.scale[::-1]), interpolation=self.interpolation,
-                            backend=self.backend)
-        results.update(img=img, img_shape=img.shape)
-        return results
-
-
 def _shift_hue(pil_image: Image.Image, hue_factor: float) -> Image.Image:
     """mmcv's pillow ``adjust_hue`` on a PIL RGB image: rotate H in HSV, uint8 wrap-around."""
     h, s, v = pil_image.convert('HSV').split()
@@ -104,7 +89,8 @@ class MultiCrop(BaseTransform):
     """Two global views and ``num_local_crops`` local views of one decoded image, with BYOL's
     asymmetric augmentations (docs/method.md), as mmpretrain's ``MultiView``. ``*_scale`` are
     area ranges; ``blur_radius`` is in crop pixels (DINO's (0.1, 2.0) suits 224-px crops, scale
-    it down for small ones); ``fast_transforms`` uses the bit-identical crop and jitter above.
+    it down for small ones); ``fast_transforms`` uses the bit-identical jitter above, whose hue
+    shift also works under numpy 2.
 
     ``crops_only=True`` stops after each view's crop and resize, the part that needs the
     decoded image of its own size: ``BatchViewAugment`` in ``MultiCropDataPreprocessor``
@@ -124,11 +110,10 @@ class MultiCrop(BaseTransform):
                              "mst_mm's own hue shift), or install 'numpy<2'.")
         self.num_local_crops = num_local_crops
         self.crops_only = crops_only and backend == 'pillow'
-        crop_type = 'ContiguousRandomResizedCrop' if fast_transforms else 'RandomResizedCrop'
         jitter = 'FusedColorJitter' if fast_transforms else 'ColorJitter'
 
         def view(size: int, scale: Tuple[float, float], blur_prob: float, *tail: dict) -> list:
-            crop = dict(type=crop_type, scale=size, crop_ratio_range=tuple(scale),
+            crop = dict(type='RandomResizedCrop', scale=size, crop_ratio_range=tuple(scale),
                         interpolation=interpolation, backend=backend)
             if crops_only:
                 return [crop]

@@ -1,5 +1,4 @@
 from .checked_runner import *  # noqa: F401,F403
-from .cli import add_cfg_options_argument, check_cfg_options, merge_cfg_options, run_tool
 from .distributed import init_cpu_distributed
 from .hooks import *  # noqa: F401,F403
 from .knn_loop import KNNTestLoop
@@ -8,5 +7,4 @@ from .optimizers import AMP_OPTIM_WRAPPERS, DINOAmpOptimWrapper, DINOOptimWrappe
 from .safe_loading import *  # noqa: F401,F403
 
 __all__ = ['AMP_OPTIM_WRAPPERS', 'DINOAmpOptimWrapper', 'DINOOptimWrapper', 'KNNTestLoop',
-           'StudentOptimWrapperConstructor', 'add_cfg_options_argument', 'check_cfg_options',
-           'init_cpu_distributed', 'merge_cfg_options', 'run_tool']
+           'StudentOptimWrapperConstructor', 'init_cpu_distributed']

@@ -8,15 +8,14 @@ import os.path as osp
 import re
 import sys
 import warnings
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
 from mmpretrain.registry import MODELS
 
+from mst_mm.engine.safe_loading import read_checkpoint
 from mst_mm.errors import UserInputError
-
-from .safe_loading import read_checkpoint
 
 _KEY = re.compile(r'^[A-Za-z_]\w*(\.\w+)*$')  # names joined by dots, list items by index
 _FORM = ('each option is KEY=VALUE with no spaces around "=", e.g. model.mask_cfg.p=0.1; '
@@ -98,7 +97,20 @@ def merge_cfg_options(cfg: Config, options: Optional[Dict[str, Any]]) -> Config:
     return cfg
 
 
-_REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+_PACKAGE = osp.dirname(osp.dirname(osp.abspath(__file__)))  # mst_mm/
+
+
+def config_root(package: Optional[str] = None) -> Tuple[str, bool]:
+    """The folder that holds ``configs/``, and whether it is a source checkout: the repository
+    around ``package`` (by default this mst_mm) where there is one, else the configs that the
+    wheel carries for ``mim`` (``mst_mm/.mim/configs``)."""
+    package = package or _PACKAGE
+    checkout = osp.dirname(package)
+    if osp.isdir(osp.join(checkout, 'configs', 'benchmarks')):
+        return checkout, True
+    return osp.join(package, '.mim'), False
+
+
 _CONVERT = ('python tools/model_converters/mst2downstream.py {checkpoint} {pretrained} '
             '--target %s, then python tools/train.py {config}')
 _EVALUATIONS = (  # what evaluates a pretrained checkpoint: (title, configs/benchmarks/X, command)
@@ -124,8 +136,13 @@ def check_test_config(cfg: Config, config_path: str, checkpoint: str) -> None:
                              'evaluates configs with a test split and a metric, such as the '
                              'k-NN and linear-probe configs under configs/benchmarks/.')
     token = re.search('deit-s|swin-nano|swin-t|vit-tiny|vit-b|vit-s', osp.basename(config_path))
+    root, in_checkout = config_root()
+
+    def shown(config: str) -> str:  # relative in a checkout, where the tools are run
+        return osp.relpath(config, root) if in_checkout else config
+
     configs = [(title, command, config) for title, folder, command in _EVALUATIONS
-               for config in sorted(glob.glob(f'{_REPO}/configs/benchmarks/{folder}/*.py'))]
+               for config in sorted(glob.glob(f'{root}/configs/benchmarks/{folder}/*.py'))]
     # The benchmark configs of the same backbone, if the names tell; otherwise all of them.
     same = [entry for entry in configs if token and token[0] in osp.basename(entry[2])]
     # Of those, the ones whose backbone is as wide as the checkpoint's (the 96-wide demo ViT
@@ -135,13 +152,13 @@ def check_test_config(cfg: Config, config_path: str, checkpoint: str) -> None:
     candidates = same or configs
     fits = [entry for entry in candidates
             if width is None or _config_width(entry[2]) in (None, width)]
-    lines = [f'  {title}: ' + command.format(config=osp.relpath(config, _REPO),
+    lines = [f'  {title}: ' + command.format(config=shown(config),
                                              checkpoint=checkpoint, pretrained=_pretrained(config))
              for title, command, config in fits]
     if not fits:
         lines = [f'  none of the benchmark configs{" of this backbone" if same else ""} is '
                  f'{width} wide; copy one and set its embed_dims to {width}: ' + ', '.join(
-                     osp.relpath(config, _REPO) for _, _, config in candidates)]
+                     shown(config) for _, _, config in candidates)]
     raise UserInputError(
         f'{config_path} is a pretraining config (model type MST): it has no test split or '
         'metric, so tools/test.py has nothing to evaluate. Evaluate the pretrained backbone '

@@ -18,7 +18,7 @@ import os.path as osp
 
 from mmengine.config import Config
 
-from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool
+from mst_mm.utils.cli import add_cfg_options_argument, merge_cfg_options, run_tool
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -31,8 +31,8 @@ from mmengine.dist import is_main_process
 
 # Importing mst_mm (through mst_mm.engine) registers its modules.
 from mst_mm.engine import CheckedRunner, init_cpu_distributed
-from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool
 from mst_mm.errors import CheckpointError
+from mst_mm.utils.cli import add_cfg_options_argument, merge_cfg_options, run_tool
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -22,8 +22,8 @@ import os.path as osp
 
 from mmengine.config import Config
 
-from mst_mm.engine.cli import add_cfg_options_argument, merge_cfg_options, run_tool
 from mst_mm.errors import CheckpointError, UserInputError
+from mst_mm.utils.cli import add_cfg_options_argument, merge_cfg_options, run_tool
 from mst_research import patch_probe
 
 

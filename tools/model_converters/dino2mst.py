@@ -39,7 +39,7 @@ from typing import Dict
 import torch
 
 from mst_mm.converters import convert_dino_checkpoint
-from mst_mm.engine.cli import add_cfg_options_argument, run_tool
+from mst_mm.utils.cli import add_cfg_options_argument, run_tool
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEFAULT_CONFIG = 'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py'

@@ -38,11 +38,18 @@ from typing import Dict
 
 import torch
 
-from mst_mm.converters import convert_for_downstream, extract_backbone, mst_to_dino, vit_to_timm
-from mst_mm.converters.downstream import DOWNSTREAM_TARGETS, backbone_kind, load_training_checkpoint
-from mst_mm.engine.cli import run_tool
+from mst_mm.converters import (
+    backbone_kind,
+    convert_for_downstream,
+    extract_backbone,
+    mst_to_dino,
+    read_training_checkpoint,
+    vit_to_timm,
+)
+from mst_mm.converters.downstream import DOWNSTREAM_TARGETS
 from mst_mm.errors import UserInputError
 from mst_mm.models.algorithms.mst import BACKBONE_PREFIXES, PRETRAIN_ONLY_KEYS
+from mst_mm.utils.cli import run_tool
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 # The default downstream config of each target (--config overrides it).
@@ -95,7 +102,7 @@ def convert(checkpoint: str, out: str, target: str, weights: str = 'teacher',
     if target == DINO_FORMAT:
         return export_dino(checkpoint, out)
     if target in BACKBONE_ONLY:
-        loaded = load_training_checkpoint(checkpoint, out)
+        loaded = read_training_checkpoint(checkpoint, out)
         backbone = extract_backbone(loaded['state_dict'], weights, checkpoint)
         kind = backbone_kind(backbone)
         return export_backbone_only(backbone, kind, loaded, checkpoint, out, target, weights)
@@ -105,7 +112,7 @@ def convert(checkpoint: str, out: str, target: str, weights: str = 'teacher',
 
 def export_dino(checkpoint: str, out: str) -> Dict[str, torch.Tensor]:
     """Write both networks in the layout of DINO's full checkpoints (``mst_to_dino``)."""
-    loaded = load_training_checkpoint(checkpoint, out)
+    loaded = read_training_checkpoint(checkpoint, out)
     saved = mst_to_dino(loaded['state_dict'], checkpoint)
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
     torch.save(saved, out)

@@ -2,7 +2,8 @@
 
 The one place where images are normalised and embedded: ``FeatureEmbedder`` for configs
 (``tools/analysis/knn_eval.py``), :func:`embed_images` for a backbone held in memory (the
-k-NN probe hook, the evidence run), :func:`embed_patches` for its patch tokens (the patch probe).
+k-NN probe hook, the evidence run), :func:`forward_normalised` for the rest of a backbone's
+outputs.
 """
 from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
@@ -15,7 +16,7 @@ from mmpretrain.structures import DataSample
 from .mst import BACKBONE_PREFIXES, PRETRAIN_ONLY_KEYS
 
 
-def _forward_normalised(backbone: nn.Module, batches: Iterable[torch.Tensor],
+def forward_normalised(backbone: nn.Module, batches: Iterable[torch.Tensor],
                         mean: Sequence[float], std: Sequence[float], bgr_to_rgb: bool = False,
                         **forward_kwargs) -> Iterator:
     """``backbone.forward_mst`` of each batch, normalised as in training,
@@ -41,21 +42,11 @@ def embed_images(backbone: nn.Module, batches: Iterable[torch.Tensor], mean: Seq
     :math:`(x - mean) / std`, by an MST backbone's ``forward_mst`` in eval mode; with
     ``with_attn`` also its guidance (N, n), for a ViT the last layer's CLS attention."""
     feats, attns = [], []
-    for out in _forward_normalised(backbone, batches, mean, std, bgr_to_rgb,
+    for out in forward_normalised(backbone, batches, mean, std, bgr_to_rgb,
                                    with_attn=with_attn):
         feats.append(out.global_feat.cpu())
         attns.append(out.attn.cpu() if with_attn else None)
     return torch.cat(feats), (torch.cat(attns) if with_attn else None)
-
-
-@torch.no_grad()
-def embed_patches(backbone: nn.Module, batches: Iterable[torch.Tensor], mean: Sequence[float],
-                  std: Sequence[float]) -> torch.Tensor:
-    """The final-normed last-layer patch tokens (N, C, h, w) of (B, 3, H, W) image batches,
-    normalised and embedded as :func:`embed_images` does, with ``forward_mst(...,
-    with_patches=True)`` (no [MASK]: the frozen features)."""
-    return torch.cat([out.feat_map.cpu() for out in _forward_normalised(
-        backbone, batches, mean, std, with_patches=True)])
 
 
 @MODELS.register_module()

@@ -28,9 +28,9 @@ def upsample2x_conv3x3(x: torch.Tensor, weight: torch.Tensor,
 
     The result equals ``conv3x3(upsample(x))`` (up to float rounding) with 16 instead of 36
     multiply-adds per input pixel and output channel, and nothing is convolved at the
-    upsampled size; forward and backward are each one library kernel. (An earlier form ran
-    the four output phases as 2x2 convolutions and interleaved them: on a CPU the
-    interleaving and its slices' zero-filled gradients cost as much as the convolutions.)
+    upsampled size; forward and backward are each one library kernel (running the four output
+    phases as 2x2 convolutions and interleaving them costs, on a CPU, as much in the
+    interleaving and its slices' zero-filled gradients as in the convolutions).
 
     Args:
         x (Tensor): (B, C_in, H, W).
@@ -120,14 +120,9 @@ class ImageDecoderHead(BaseModule):
         stages = []
         prev = in_channels
         for width in channels:
-            stages += [
-                # Where an nn.Upsample stood before the stages were fused: the parameter
-                # names (decoder.1.conv.weight, ...) stay those of earlier checkpoints.
-                nn.Identity(),
-                Upsample2xConvModule(prev, width, 3, padding=1,
-                                     norm_cfg=norm_cfg or dict(type='BN'),
-                                     act_cfg=dict(type='ReLU')),
-            ]
+            stages.append(Upsample2xConvModule(prev, width, 3, padding=1,
+                                               norm_cfg=norm_cfg or dict(type='BN'),
+                                               act_cfg=dict(type='ReLU')))
             prev = width
         self.decoder = nn.Sequential(*stages,
                                      ChannelsLastConv2d(prev, out_channels, 3, padding=1))

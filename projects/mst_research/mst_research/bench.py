@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import AbstractContextManager
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -96,12 +97,21 @@ def median_range(figure: dict, digits: int = 3) -> str:
     return range_cell(figure['median'], figure['min'], figure['max'], digits)
 
 
+def math_attention() -> AbstractContextManager:
+    """A block where ``scaled_dot_product_attention`` runs on its math backend alone
+    (``torch.nn.attention.sdpa_kernel`` from torch 2.3, ``torch.backends.cuda.sdp_kernel``
+    before)."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return torch.backends.cuda.sdp_kernel(enable_math=True, enable_flash=False,
+                                              enable_mem_efficient=False)
+    return sdpa_kernel([SDPBackend.MATH])
+
+
 def flops_of(fn: Callable[[], None]) -> int:
     """Floating-point operations of one call of ``fn`` (forward and backward), counted, with
     attention on the math backend: torch's counter counts the CPU's fused kernel as zero."""
-    # Imported here: a recipe_speed child imports this module beside an older mst_mm, which
-    # has no compat.
-    from mst_mm.compat import math_attention
     counter = FlopCounterMode(display=False)
     with math_attention(), counter:
         fn()

@@ -14,7 +14,6 @@ import torch.distributed as dist
 from mmengine.config import Config
 from mmpretrain.registry import MODELS as REGISTRY
 
-from mst_mm.compat import grad_scaler
 from mst_research import bench
 from mst_research.step_cost import build_for_training, crop_settings, load_variants, synthetic_batch
 
@@ -121,7 +120,9 @@ class ReferenceDINOStep:
         self.clip_grad = (cfg.optim_wrapper.get('clip_grad') or {}).get('max_norm', 0.)
         self.momentum = 1 - cfg.model.get('base_momentum', 0.004)  # DINO's convention
         self.utils, self.device, self.amp = utils, device, amp
-        self.scaler = grad_scaler('cuda') if amp else None
+        # torch.amp.GradScaler from torch 2.3; torch.cuda.amp's before.
+        scaler = getattr(torch.amp, 'GradScaler', None)
+        self.scaler = (scaler('cuda') if scaler else torch.cuda.amp.GradScaler()) if amp else None
 
     def state(self) -> Tuple[List[torch.nn.Module], List[torch.optim.Optimizer]]:
         """What this step keeps between calls: its modules and its optimiser."""

@@ -23,10 +23,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mst_mm.converters import load_backbone
-from mst_mm.models.algorithms.feature_embedder import embed_patches
+from mst_mm.models.algorithms.feature_embedder import forward_normalised
 
 from .data import image_batches, load_class_folders, load_object_masks, validation_split
+from .recipes import load_backbone
 
 OPTIMIZERS = ('adamw', 'sgd', 'lbfgs')
 NORMALIZATIONS = ('standardize', 'none')
@@ -45,8 +45,18 @@ DEFAULT_LR = dict(lbfgs=1.0, adamw=1e-2, sgd=0.1)
 def load_frozen_backbone(backbone_cfg: dict, checkpoint: Optional[str],
                          weights: str = 'teacher') -> nn.Module:
     """The config's MST ViT without the [MASK] embedding, in eval mode, with the backbone
-    that :func:`mst_mm.converters.backbone_state` finds in ``checkpoint`` (None: random)."""
+    that `mst_mm.converters.backbone_state` finds in ``checkpoint`` (None: random)."""
     return load_backbone(dict(backbone_cfg, use_mask_token=False), checkpoint, weights)
+
+
+@torch.no_grad()
+def embed_patches(backbone: nn.Module, batches, mean: Sequence[float],
+                  std: Sequence[float]) -> torch.Tensor:
+    """The final-normed last-layer patch tokens (N, C, h, w) of (B, 3, H, W) image batches,
+    normalised as ``mst_mm``'s ``embed_images`` does, with ``forward_mst(...,
+    with_patches=True)`` (no [MASK]: the frozen features)."""
+    return torch.cat([out.feat_map.cpu() for out in forward_normalised(
+        backbone, batches, mean, std, with_patches=True)])
 
 
 def patch_labels(masks: torch.Tensor, classes: torch.Tensor, patch_size: int) -> torch.Tensor:

@@ -4,15 +4,18 @@ config's ViT trained with the labels on the same images, then probed like the EM
 """
 import argparse
 import copy
+import logging
 import os
 import os.path as osp
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import torch.nn as nn
 from mmengine.config import Config
+from mmengine.logging import MMLogger
+from mmpretrain.registry import MODELS
 
-from mst_mm.converters import load_backbone
-from mst_mm.engine import build_runner
+from mst_mm.converters import backbone_state
+from mst_mm.engine import build_runner, load_checked
 from mst_mm.models import DINO_MODE
 
 from . import REPO
@@ -254,6 +257,31 @@ def train_supervised(pretrain_cfg: Config, data_root_objects: str, work_dir: str
     ``work_dir/epoch_{epochs}.pth``; finished or cut short, as :func:`pretrain`."""
     return pretrain(supervised_config(pretrain_cfg, data_root_objects, work_dir, epochs, seed,
                                       indices, batch_size, cfg_options))[-1]
+
+
+def load_backbone(backbone: Union[dict, nn.Module], checkpoint: Optional[str],
+                  weights: str = 'teacher') -> nn.Module:
+    """A backbone (built from its config if given one) in eval mode, with the weights that
+    :func:`mst_mm.converters.backbone_state` finds in ``checkpoint``, every one required;
+    ``checkpoint=None`` keeps the random initialisation (``init_weights``)."""
+    if isinstance(backbone, dict):
+        backbone = MODELS.build(backbone)
+    if checkpoint is None:
+        # init_weights logs a line per parameter (hundreds) where no runner has a log file.
+        logger = MMLogger.get_current_instance()
+        level = logger.level
+        logger.setLevel(logging.WARNING)
+        try:
+            backbone.init_weights()
+        finally:
+            logger.setLevel(level)
+    else:
+        load_checked(backbone, backbone_state(checkpoint, weights), checkpoint,
+                     "the config's backbone",
+                     'Give an MST training checkpoint of this config, or its backbone.',
+                     strict=True)
+    backbone.eval()  # mmpretrain's ViT.train returns None: no chaining
+    return backbone
 
 
 def load_supervised_backbone(checkpoint: str, pretrain_cfg: Config

@@ -135,7 +135,7 @@ def measure_steps(variants: Dict[str, Config], batch_size: int, repeats: int, wa
 def measure_prototype_precision(config: str, batch_size: int, repeats: int, warmup: int,
                                 device: str, dtype: str) -> dict:
     """The MST step under ``dtype`` autocast with the prototype layer in float32 against the
-    same model's step with it left to autocast (the earlier code), interleaved; and the
+    same model's step with it left to autocast, interleaved; and the
     layer's share of the step's floating-point operations."""
     cfg = Config.fromfile(osp.join(bench.REPO, config))
     on_gpu = device.startswith('cuda')
