@@ -1,5 +1,7 @@
 """Shared test fixtures that build data on disk and tiny runner configs."""
 import contextlib
+import copy
+import json
 import logging
 from pathlib import Path
 
@@ -57,9 +59,42 @@ def tiny_runner_cfg(data_root, work_dir, max_epochs=2, batch_size=4,
 
 def scalars(work_dir, all_runs: bool = False) -> list:
     """The json lines that mmengine's LocalVisBackend wrote for the latest run in
-    `work_dir`, or for every run in it (the package's reader, which the demo uses too)."""
-    from mst_research.report import read_scalars
-    return read_scalars(work_dir, all_runs=all_runs)
+    `work_dir` (``<timestamp>/vis_data/scalars.json``), or for every run in it, oldest first
+    (a resumed run writes a folder of its own)."""
+    files = sorted(Path(work_dir).glob('*/vis_data/scalars.json'))
+    assert files, f'no */vis_data/scalars.json under {work_dir}'
+    return [json.loads(line) for path in (files if all_runs else files[-1:])
+            for line in path.read_text().splitlines() if line.strip()]
+
+
+def model_for_training(cfg: Config) -> tuple:
+    """The config's model in training mode on the CPU (seed 0), and its optimiser wrapper
+    built in the config's scope, as the runner builds them."""
+    import torch
+    from mmengine.logging import MessageHub
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import DefaultScope
+    from mmpretrain.registry import MODELS
+    MessageHub.get_current_instance().update_info('max_iters', 10_000)  # CosineEMA reads it
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    model.train()
+    with DefaultScope.overwrite_default_scope(cfg.get('default_scope', 'mmpretrain')):
+        return model, build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper))
+
+
+def random_views(cfg: Config, batch_size: int) -> dict:
+    """A batch as the data workers give it to the preprocessor: random 0-255 views of the
+    sizes of the config's MultiCrop, one (B, 3, S, S) tensor per view (seed 0)."""
+    import torch
+    crop = next(step for step in cfg.train_dataloader.dataset.pipeline
+                if step['type'] == 'MultiCrop')
+    sizes = [crop['global_size']] * 2 + [crop['local_size']] * crop['num_local_crops']
+    generator = torch.Generator().manual_seed(0)
+    return dict(inputs=[torch.randint(0, 256, (batch_size, 3, size, size),
+                                      generator=generator).float() for size in sizes],
+                data_samples=None)
 
 
 def load_tool(relative_path: str):

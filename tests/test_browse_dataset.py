@@ -10,7 +10,6 @@ from PIL import Image
 from mst_mm.errors import UserInputError
 from mst_mm.visualization import multicrop_views, views_grid
 from tests.helpers import REPO, load_tool
-from tests.test_animal_shapes import small_package  # noqa: F401  (a fixture)
 
 IMAGENET = str(REPO / 'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py')
 EVIDENCE = str(REPO / 'configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py')
@@ -83,9 +82,10 @@ def test_per_image_views_and_their_colours(tmp_path):
         assert (np.abs(pixels - [255, 0, 0]) <= 3).all(), pixels.mean(0)
 
 
-def test_evidence_config_picture_of_batch_multicrop_views(tmp_path, small_package):  # noqa: F811
-    from mst_research.data import write_object_images
-    write_object_images(str(tmp_path / 'objects'), test_per_class=1, package_dir=small_package)
+def test_evidence_config_picture_of_batch_multicrop_views(tmp_path):
+    # The evidence data's layout: 32-px images in class folders under objects/train.
+    for label in ('cat', 'dog'):
+        jpeg_folder(tmp_path / 'objects' / 'train' / label, sizes=((32, 32), ) * 2)
     out = tmp_path / 'views.png'
     load_tool('tools/analysis/browse_dataset.py').main(
         [EVIDENCE, '--out', str(out), '--num-images', '4', '--cfg-options',

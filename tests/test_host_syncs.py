@@ -23,8 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from mst_mm.compat import fused_supported
 from mst_mm.models.heads import DINODistillHead
 from mst_mm.models.utils import FusedCosineEMA
-from mst_research.step_cost import build_for_training, synthetic_batch
-from tests.helpers import DEMO_CONFIG, REPO
+from tests.helpers import DEMO_CONFIG, REPO, model_for_training, random_views
 
 TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -185,8 +184,8 @@ def test_a_training_step_reads_the_device_only_for_the_finite_loss_check(steps,
     teacher, mask, student, losses, backward, per-parameter clipping and fused AdamW. The
     first step (the teacher's copy) and a later one (its EMA)."""
     cfg = Config.fromfile(DEMO_CONFIG)
-    model, optim_wrapper = build_for_training(cfg, 'cpu')
-    batch = synthetic_batch(cfg, batch_size=4)
+    model, optim_wrapper = model_for_training(cfg)
+    batch = random_views(cfg, batch_size=4)
     for _ in range(steps - 1):
         model.train_step(batch, optim_wrapper)
     with HostReads() as counter:
@@ -205,7 +204,7 @@ def test_a_training_step_reads_the_device_only_for_the_finite_loss_check(steps,
 
 
 def test_the_dino_loss_picks_its_pairs_without_a_mask_and_gives_the_same_bits():
-    """The pairs j != i by position, against boolean-mask indexing (the earlier code): the
+    """The pairs j != i by position, against boolean-mask indexing (the plain form): the
     same loss and the same gradients, bit for bit."""
     torch.manual_seed(0)
     global_crops, crops, batch, prototypes = 2, 6, 3, 16
@@ -328,8 +327,8 @@ def deit_s_step():
     from mmengine.logging import MessageHub
     cfg = Config.fromfile(str(REPO / 'configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py'))
     MessageHub.get_instance('deit-s-step').update_info('max_iters', 100)
-    model, optim_wrapper = build_for_training(cfg, 'cpu')
-    batch = synthetic_batch(cfg, batch_size=2)
+    model, optim_wrapper = model_for_training(cfg)
+    batch = random_views(cfg, batch_size=2)
     batch['inputs'] = [view.to(torch.uint8) for view in batch['inputs']]  # as the workers
     model.train_step(batch, optim_wrapper)
     return model, optim_wrapper, batch
