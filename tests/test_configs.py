@@ -29,7 +29,7 @@ SCHEDULE_100E = '8xb128-coslr-100e_in1k'
 # {algorithm}_{backbone}_{gpus}x{batch}[-options]-{epochs}e_{dataset}, as mmpretrain names them
 OPENMMLAB_NAME = re.compile(r'[a-z0-9-]+_[a-z0-9-]+_\d+xb\d+(-[a-z0-9]+)*-\d+e_[a-z0-9-]+')
 
-# The mmdet / mmseg fine-tuning configs have their own scopes (tests/test_downstream.py).
+# The mmdet / mmseg fine-tuning configs have their own scopes (tests/test_converters/test_downstream.py).
 DOWNSTREAM = ('mmdetection', 'mmsegmentation')
 PRETRAIN_CONFIGS = sorted(
     str(p.relative_to(REPO)) for p in (REPO / 'configs').rglob('*.py')
@@ -202,14 +202,15 @@ def test_full_recipe_runs_one_step_at_batch_two(config, backbone_params, tmp_pat
 OTHER_CONFIGS = sorted(
     str(p.relative_to(REPO)) for p in (REPO / 'configs').rglob('*.py')
     if str(p.relative_to(REPO)) not in PRETRAIN_CONFIGS)
-# `python tools/misc/write_X.py OUT`: the documented commands that write data folders.
-WRITER = re.compile(r'python (tools/misc/write_\w+\.py) ([\w./-]+)')
+# `python projects/mst_research/tools/write_X.py OUT`: the documented commands that write data
+# folders (the research kit's data writers).
+WRITER = re.compile(r'python (projects/mst_research/tools/write_\w+\.py) ([\w./-]+)')
 
 
 @pytest.mark.parametrize('config', OTHER_CONFIGS)
 def test_every_other_config_file_loads(config):
     """The _base_ pieces and the mmdet / mmseg fine-tuning configs (their scopes' modules
-    are tests/test_downstream.py's); the rest is test_config_loads_and_names_registered_modules."""
+    are tests/test_converters/test_downstream.py's); the rest is test_config_loads_and_names_registered_modules."""
     cfg = Config.fromfile(str(REPO / config))
     assert cfg.to_dict()
 
@@ -297,11 +298,12 @@ def test_every_data_root_is_named_in_the_config_header(config):
 
 def test_the_data_root_check_catches_an_unnamed_path(tmp_path):
     base = tmp_path / 'base.py'
-    base.write_text('# Reads data/x/imgs, which\n#   python tools/misc/write_x.py data/x\n'
+    base.write_text('# Reads data/x/imgs, which\n'
+                    '#   python projects/mst_research/tools/write_x.py data/x\n'
                     '# writes.\ndata_root = "data/x/imgs"\n')
     child = tmp_path / 'child.py'
     child.write_text('# A child.\n_base_ = ["base.py"]\nval = dict(data_root="data/gone/val")\n')
-    writers = {'data/x': 'python tools/misc/write_x.py data/x'}
+    writers = {'data/x': 'python projects/mst_research/tools/write_x.py data/x'}
     assert config_chain(child) == [child, base.resolve()]
     assert unnamed_data_roots(child, {'data/x/imgs', 'data/x/other/deep'}, writers, '') == []
     assert unnamed_data_roots(child, {'data/gone/val', 'data/x/imgs'}, {}, '') == [
@@ -321,8 +323,9 @@ def test_the_data_root_check_catches_an_unnamed_path(tmp_path):
 
 @pytest.mark.slow
 def test_the_documented_command_writes_every_data_root_under_its_folder(tmp_path):
-    """`python tools/misc/write_animal_shapes.py data/animal_shapes`, run as documented (from
-    a fresh folder), writes every data_root under data/animal_shapes that a config reads."""
+    """`python projects/mst_research/tools/write_animal_shapes.py data/animal_shapes`, run as
+    documented (from a fresh folder), writes every data_root under data/animal_shapes that a
+    config reads."""
     import subprocess
     import sys
     writers = documented_writers()

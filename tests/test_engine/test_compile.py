@@ -2,7 +2,7 @@
 
 mmengine's constructor hands the optimiser ``ConfigDict`` parameter groups whenever a config
 has a ``paramwise_cfg`` (all of ours do), and dynamo cannot trace the optimiser step over
-them; ``StudentOptimWrapperConstructor`` gives plain dicts (tests/test_clean_logs.py).
+them; ``StudentOptimWrapperConstructor`` gives plain dicts (tests/test_engine/test_clean_logs.py).
 The ``eager`` backend runs what dynamo captured without code generation: the same
 operations, so the same numbers.
 """

@@ -159,7 +159,7 @@ def test_each_kind_of_host_read_is_seen_where_it_is(read):
         PLANTED[read]()
     assert counter.reads, read
     assert {(path, function) for _, path, function in counter.reads} == {
-        ('tests/test_host_syncs.py', '<lambda>')}
+        ('tests/test_models/test_algorithms/test_host_syncs.py', '<lambda>')}
 
 
 @pytest.mark.parametrize('work', list(UNREAD))
@@ -309,7 +309,7 @@ def test_a_tensor_from_python_data_is_seen_where_it_is_made(planted):
     with PythonDataTensors() as counter:
         FROM_PYTHON[planted]()
     assert [(path, function) for _, path, function in counter.made] == [
-        ('tests/test_host_syncs.py', '<lambda>')]
+        ('tests/test_models/test_algorithms/test_host_syncs.py', '<lambda>')]
 
 
 @pytest.mark.parametrize('work', list(NOT_FROM_PYTHON))
@@ -364,7 +364,7 @@ def test_the_step_check_fails_on_a_planted_tensor(deit_s_step, monkeypatch):
     with PythonDataTensors() as counter:
         model.train_step(batch, optim_wrapper)
     stages = len(model.decoder_head.channels)  # one 2x upsampling per stage
-    assert counter.made.count(('new_tensor', 'tests/test_host_syncs.py', 'planted_upsample')) \
+    assert counter.made.count(('new_tensor', 'tests/test_models/test_algorithms/test_host_syncs.py', 'planted_upsample')) \
         == stages > 0
     swaps = [made for made in counter.made if made[0] == 'list index']
     assert len(swaps) == len(batch['inputs'])

@@ -3,7 +3,7 @@
 Each speed-up of the training step is checked here against the straightforward formulation,
 written out in this file, on fixed inputs
 (``DINODistillHead``'s one matrix product over the crop pairs: Eq. 2 written out in
-tests/test_dino_head.py; here, that its graph does not grow with the crops):
+tests/test_models/test_heads/test_dino_head.py; here, that its graph does not grow with the crops):
 
 - ``DINONeck.forward_crops``: the weight-normalised last layer once for all crops instead of
   once for the global and once for the local crops;

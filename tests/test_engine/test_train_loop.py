@@ -120,4 +120,4 @@ def test_tools_train_py_end_to_end(tmp_path):
         assert all(math.isfinite(v) for v in values) and len(set(values)) > 1
     assert (work_dir / 'epoch_2.pth').exists()
     assert 'eta' in result.stdout + result.stderr
-    # Resuming (auto, weights-only) is tests/test_resume.py's.
+    # Resuming (auto, weights-only) is tests/test_engine/test_resume.py's.

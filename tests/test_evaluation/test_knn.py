@@ -168,7 +168,7 @@ def test_knn_eval_with_two_processes_gives_the_single_process_numbers(tmp_path):
     import sys
 
     from tests.helpers import REPO, load_tool, make_image_folder
-    from tests.test_distributed import free_port
+    from tests.test_engine.test_distributed import free_port
     mst, _ = _tiny_mst_and_embedder()
     ckpt = tmp_path / 'mst.pth'
     torch.save({'state_dict': mst.state_dict()}, ckpt)
@@ -207,7 +207,7 @@ def test_knn_eval_under_srun_evaluates_with_two_gloo_ranks(tmp_path):
     import sys
 
     from tests.helpers import REPO, load_tool, make_image_folder
-    from tests.test_distributed import free_port
+    from tests.test_engine.test_distributed import free_port
     mst, _ = _tiny_mst_and_embedder()
     ckpt = tmp_path / 'mst.pth'
     torch.save({'state_dict': mst.state_dict()}, ckpt)

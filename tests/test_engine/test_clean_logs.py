@@ -51,7 +51,7 @@ def test_the_teacher_gives_no_optimiser_warnings_and_mmengines_equal_groups_are_
     # mmengine: one group per parameter. Ours: one per distinct setting, in the order of
     # first appearance, each parameter with mmengine's settings and in mmengine's order
     # within its group; as plain dicts, where mmengine's are ConfigDicts, which
-    # torch.compile cannot trace (tests/test_compile.py).
+    # torch.compile cannot trace (tests/test_engine/test_compile.py).
     theirs = _groups(default)
     assert len(theirs) == sum(1 for p in model.parameters() if p.requires_grad)
     distinct = []

@@ -9,9 +9,9 @@ from mmpretrain.registry import MODELS
 
 import mst_mm  # noqa: F401
 from tests.helpers import REPO, load_tool, make_image_folder
-from tests.test_knn import hand_knn_top1
-from tests.test_linear_probe import one_step
-from tests.test_mask_swin import TINY_SWIN, swin_mst
+from tests.test_evaluation.test_knn import hand_knn_top1
+from tests.test_evaluation.test_linear_probe import one_step
+from tests.test_models.test_backbones.test_mask_swin import TINY_SWIN, swin_mst
 
 KNN = REPO / 'configs/benchmarks/knn/knn_swin-t_in1k.py'
 LINEAR = REPO / 'configs/benchmarks/classification/linear_swin-t_avgpool_8xb128-100e_in1k.py'
