@@ -1,8 +1,10 @@
 """What the documents name exists and agrees: tools' flags, files, paper numbers.
 
-Checked in README.md, docs/*.md and the configs' READMEs (tests/test_docs.py's list):
+Checked in README.md, docs/*.md, the configs' READMEs and the research kit's README
+(tests/test_docs.py's list):
 
-- every ``--flag`` written after a ``tools/...py`` or ``tools/...sh`` command, in a code block
+- every ``--flag`` written after a ``tools/...py`` or ``tools/...sh`` command (the plugin's
+  or the kit's ``projects/mst_research/tools/``), in a code block
   or a code span, is one that the tool accepts (its argparse parser, or the script's ``case``
   labels, or the tool a script passes its arguments to), and none is a hidden one
   (``help=argparse.SUPPRESS``): a hidden flag is internal and is not documented anywhere;
@@ -24,7 +26,10 @@ import pytest
 from tests.helpers import load_tool
 from tests.test_docs import DOC_FILES, FENCE, REPO, doc_id
 
-TOOL = re.compile(r'(?<![\w./-])(tools/[\w/.-]+?\.(?:py|sh))(?![\w/.-])')
+# The plugin's tools (tools/) and the research kit's (projects/mst_research/tools/).
+TOOL_FOLDERS = (REPO / 'tools', REPO / 'projects' / 'mst_research' / 'tools')
+TOOL = re.compile(
+    r'(?<![\w./-])((?:projects/mst_research/)?tools/[\w/.-]+?\.(?:py|sh))(?![\w/.-])')
 FLAG = re.compile(r'(?<![\w-])(--[A-Za-z][\w-]*)')
 # A code span may run over a line break, not over a paragraph.
 CODE_SPAN = re.compile(r'`((?:[^`\n]|\n(?![ \t]*\n))+)`')
@@ -125,7 +130,7 @@ def tool_flags(tool: str):
     hidden = set()
     if any(('"$@"' in line or '${@' in line or 'PY_ARGS' in line) for line in code):
         targets = {name for line in code for name in re.findall(r'([\w-]+\.py)\b', line)}
-        paths = [p for name in targets for p in (REPO / 'tools').rglob(name)]
+        paths = [p for name in targets for folder in TOOL_FOLDERS for p in folder.rglob(name)]
         if not paths:
             return None, frozenset()
         for target in paths:
@@ -213,14 +218,15 @@ def test_the_checks_catch_undocumented_and_hidden_flags(tmp_path):
         'python -m pytest --anything && bash tools/run_tests.sh -x --lf\n'
         '```\n'
         'and in a span `python tools/analysis/knn_eval.py C K\n--local-rank 0`, or `--units` '
-        'alone, or `python tools/misc/write_animal_shapes.py out --seed 1 --size 3`.\n')
+        'alone, or `python projects/mst_research/tools/write_animal_shapes.py out --seed 1\n'
+        '--size 3`.\n')
     assert sorted(flag_problems(doc)) == sorted([
         'line 2: tools/train.py has no flag --no-such-flag',
         'line 3: tools/dist_train.sh has no flag --bogus',
         'line 5: tools/evidence.py --units is a hidden (internal) flag',
         'line 6: tools/setup_env.sh has no flag --nope',
         'line 9: tools/analysis/knn_eval.py --local-rank is a hidden (internal) flag',
-        'line 10: tools/misc/write_animal_shapes.py has no flag --size'])
+        'line 10: projects/mst_research/tools/write_animal_shapes.py has no flag --size'])
     # --local-rank is tools/test.py's open flag, so only --units counts as a secret.
     assert hidden_flag_mentions(doc) == ['line 5: --units is a hidden (internal) flag',
                                          'line 10: --units is a hidden (internal) flag']

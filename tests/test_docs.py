@@ -1,8 +1,9 @@
 """The README is a front page, and every pointer in the documentation resolves in the repository.
 
-Checked: README.md's length, section order and Quick-start commands; in README.md, docs/*.md
-and the configs' READMEs, every relative Markdown link (and its #anchor), and every repository
-path written in code (`configs/...`, `tools/...`).
+Checked: README.md's length, section order and Quick-start commands; in README.md, docs/*.md,
+the configs' READMEs and the research kit's README, every relative Markdown link (and its
+#anchor), and every repository path written in code (`configs/...`, `tools/...`,
+`projects/...`).
 """
 
 import re
@@ -12,14 +13,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / 'README.md'
-DOC_FILES = sorted(
-    [README, *(REPO / 'docs').glob('*.md'), *(REPO / 'configs').rglob('README.md')])
+KIT = REPO / 'projects' / 'mst_research'
+DOC_FILES = sorted([README, *(REPO / 'docs').glob('*.md'), *(REPO / 'configs').rglob('README.md'),
+                    KIT / 'README.md'])
 QUICK_START_COMMANDS = ['bash tools/run_demo.sh', 'bash tools/run_tests.sh']
 # An OpenMMLab project README's order: what it is, how to run it, the status, usage, results.
 FRONT_PAGE_SECTIONS = ['Quick start', 'Status', 'Data', 'Pretrain', 'Evaluate', 'Transfer',
                        'Results', 'Speed', 'License', 'Citation']
 # Top-level folders whose paths, written in code spans or blocks, must exist.
-REPO_DIRS = ('configs', 'tools', 'mst_mm', 'docs', 'tests', 'requirements')
+REPO_DIRS = ('configs', 'tools', 'mst_mm', 'docs', 'tests', 'requirements', 'projects')
 
 FENCE = re.compile(r'^```.*?^```', re.M | re.S)
 LINK = re.compile(r'!?\[[^\]]*\]\(([^)\s]+)\)')

@@ -1,7 +1,9 @@
 """The layout that docs/contributing.md describes: the plugin (``mst_mm``) imports one way,
-from the top (converters, engine) down to models, never the research kit; the tools in tools/
-are thin and stand alone."""
+from the top (converters, engine) down to models, never the research kit; the plugin's tools
+(tools/) and tests (tests/) use no kit, whose tools and tests live in projects/mst_research/;
+every tool is thin and stands alone."""
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 from tests.helpers import REPO
 
 PACKAGE = REPO / 'mst_mm'
+KIT = REPO / 'projects' / 'mst_research'
 # Each sub-package may import the ones of a lower rank only (the leaf modules are rank 0).
 RANKS = {'compat': 0, 'dependencies': 0, 'errors': 0, 'version': 0, 'models': 1, 'datasets': 2,
          'evaluation': 2, 'visualization': 2, 'engine': 3, 'utils': 4, 'converters': 5}
@@ -69,7 +72,55 @@ def test_importing_the_plugin_imports_neither_the_kit_nor_the_converters_nor_the
     assert out.strip() == '[]'
 
 
-TOOLS = sorted((REPO / 'tools').rglob('*.py'))
+PLUGIN_TOOLS = sorted((REPO / 'tools').rglob('*.py'))
+KIT_TOOLS = sorted((KIT / 'tools').rglob('*.py'))
+TOOLS = PLUGIN_TOOLS + KIT_TOOLS
+# The kit's command lines that tools/ still holds: docs/install.md, tools/run_demo.sh and
+# tools/collect_device_wheels.sh name them there.
+KIT_TOOLS_IN_TOOLS = {'tools/evidence.py', 'tools/check_gpu.py', 'tools/analysis/benchmark.py',
+                      'tools/analysis/benchmark_loader.py'}
+
+
+def imports_the_kit(path: Path) -> bool:
+    return any(name and name.split('.')[0] == 'mst_research'
+               for _, name in mst_mm_imports(path))
+
+
+def user_tools() -> list:
+    """setup.py's USER_TOOLS (what the wheel carries for `mim`), read without running it."""
+    for node in ast.parse((REPO / 'setup.py').read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], 'id', '') == 'USER_TOOLS':
+            return list(ast.literal_eval(node.value))
+    raise AssertionError('setup.py defines no USER_TOOLS')
+
+
+def test_the_kits_tools_live_in_the_kit_and_the_user_tools_use_no_kit():
+    in_tools = {str(p.relative_to(REPO)) for p in PLUGIN_TOOLS if imports_the_kit(p)}
+    assert in_tools == KIT_TOOLS_IN_TOOLS, (
+        'a tool in tools/ that imports mst_research belongs in projects/mst_research/tools/')
+    user = [p for name in user_tools() for p in
+            ([REPO / 'tools' / name] if name.endswith('.py')
+             else sorted((REPO / 'tools' / name).rglob('*.py')))]
+    assert REPO / 'tools' / 'train.py' in user and all(p.is_file() for p in user), user
+    assert not [str(p.relative_to(REPO)) for p in user if imports_the_kit(p)]
+    assert KIT_TOOLS and all(imports_the_kit(p) for p in KIT_TOOLS)
+
+
+def test_the_plugins_tests_use_no_kit_and_the_kits_tests_no_plugin_test():
+    plugin = [str(p.relative_to(REPO)) for p in sorted((REPO / 'tests').rglob('*.py'))
+              if imports_the_kit(p)]
+    assert not plugin, f'kit tests (their place: projects/mst_research/tests): {plugin}'
+    kit_tests = sorted((KIT / 'tests').rglob('*.py'))
+    assert len(kit_tests) >= 10
+    assert not [str(p.relative_to(REPO)) for p in kit_tests
+                if any(name and name.split('.')[0] == 'tests'
+                       for _, name in mst_mm_imports(p))]
+    # No package there: a second package named `tests` would shadow the plugin's.
+    assert not (KIT / 'tests' / '__init__.py').exists()
+    testpaths = re.search(r'^testpaths\s*=\s*\[(.*?)\]', (REPO / 'pyproject.toml').read_text(),
+                          re.M | re.S)
+    assert testpaths and re.findall(r'"([^"]+)"', testpaths.group(1)) == [
+        'tests', 'projects/mst_research/tests'], 'pytest must collect both test folders'
 
 
 @pytest.mark.parametrize('path', TOOLS, ids=lambda p: str(p.relative_to(REPO)))
@@ -88,5 +139,6 @@ def test_tools_are_thin_and_stand_alone(path):
             assert not other_tools & {name.split('.')[0] for name in names}, \
                 f'{where} imports another tool'
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            assert not (node.value.startswith('tools/') and node.value.endswith('.py')
+            assert not (node.value.startswith(('tools/', 'projects/mst_research/tools/'))
+                        and node.value.endswith('.py')
                         and 'spec_from_file_location' in source), f'{where} loads a tool'

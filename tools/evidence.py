@@ -41,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         'work_dirs/evidence_quick with --quick)')
     parser.add_argument('--data-root', default=None,
                         help='a folder with objects/ and scenes/ as '
-                        'tools/misc/write_animal_shapes.py writes them (default: '
+                        'projects/mst_research/tools/write_animal_shapes.py writes them (default: '
                         f'{recipes.DEFAULT_DATA_ROOT}, written on the first run)')
     parser.add_argument('--only', metavar='VARIANT:SEED',
                         help='rerun one row (pretraining, k-NN, linear probe, guidance) into '

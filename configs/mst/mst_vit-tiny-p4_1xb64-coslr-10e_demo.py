@@ -3,7 +3,7 @@
 # evidence recipe (mst_vit-tiny-p4_1xb64-coslr-6e_animals.py, Quick-start command 1) and of
 # the tests. It reads the 8,000 training images of the rendered animal shapes
 # (data/animal_shapes/objects/train/<class>/*.png, 32 x 32), written by
-#   python tools/misc/write_animal_shapes.py data/animal_shapes
+#   python projects/mst_research/tools/write_animal_shapes.py data/animal_shapes
 # Train on your own folder of 32-px images by changing `data_root` (one sub-folder per class;
 # labels are only used by k-NN evaluation: configs/benchmarks/knn/knn_vit-tiny_demo.py).
 _base_ = [

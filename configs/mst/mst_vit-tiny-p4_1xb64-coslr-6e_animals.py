@@ -4,7 +4,7 @@
 # dataset (PretrainImageFolder, LoadImageOrSkip) and their augmentations, made per batch
 # (BatchMultiCrop), with the k-NN probe on the 2,000 held-out images after every epoch.
 # Write the images first with
-#   python tools/misc/write_animal_shapes.py data/animal_shapes
+#   python projects/mst_research/tools/write_animal_shapes.py data/animal_shapes
 # How the recipe was chosen (on the DINO baseline alone) and what it gives: docs/evidence.md.
 _base_ = ['mst_vit-tiny-p4_1xb64-coslr-10e_demo.py']
 

@@ -4,7 +4,7 @@
 # images of the rendered animal shapes are voted on by the 8,000 training images
 # (data/animal_shapes/objects/{train,test}/<class>/*.png), as the evidence run's k-NN probe
 # does (it reports k = 20). Write the images first with
-#   python tools/misc/write_animal_shapes.py data/animal_shapes
+#   python projects/mst_research/tools/write_animal_shapes.py data/animal_shapes
 # then, e.g. for Quick-start command 1's checkpoint:
 #   python tools/analysis/knn_eval.py configs/benchmarks/knn/knn_vit-tiny-48_animals.py \
 #       work_dirs/mst_demo/pretrain/mst_guided_mask_seed0/epoch_6.pth

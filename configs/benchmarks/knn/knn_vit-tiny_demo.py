@@ -2,7 +2,7 @@
 # 96-wide tiny ViT of configs/mst/mst_vit-tiny-p4_1xb64-coslr-10e_demo.py: the 2,000 test
 # images of the rendered animal shapes voted on by the 8,000 training images
 # (data/animal_shapes/objects/{train,test}/<class>/*.png), written by
-#   python tools/misc/write_animal_shapes.py data/animal_shapes
+#   python projects/mst_research/tools/write_animal_shapes.py data/animal_shapes
 # For your own folder with train/<class>/ and test/<class>/ images, set data_root below.
 # The 48-wide evidence ViT (mst_vit-tiny-p4_1xb64-coslr-6e_animals.py) has its own config,
 # knn_vit-tiny-48_animals.py.

@@ -333,8 +333,9 @@ def class_folder_files(root: str) -> Tuple[List[str], torch.Tensor]:
     """``root/<class>/*`` as relative paths and labels, in mmpretrain's ``CustomDataset``
     order (sorted classes, sorted files), so that dataset indices address the same images."""
     if not osp.isdir(root):
-        raise FileNotFoundError(f'No image folder {root}: write it first '
-                                '(python tools/misc/write_animal_shapes.py data/animal_shapes).')
+        raise FileNotFoundError(f'No image folder {root}: write it first (python '
+                                'projects/mst_research/tools/write_animal_shapes.py '
+                                'data/animal_shapes).')
     classes = sorted(d for d in os.listdir(root) if osp.isdir(osp.join(root, d)))
     paths, labels = [], []
     for label, cls in enumerate(classes):

@@ -305,7 +305,8 @@ def load_masked_images(objects_root: str, split: str = 'test') -> MaskedImages:
     if not osp.isfile(osp.join(objects_root, f'{split}_masks.npz')):
         raise FileNotFoundError(f'No {split}_masks.npz in {objects_root}: the probe needs the '
                                 'object masks that write_object_images stores beside the '
-                                'images (python tools/misc/write_animal_shapes.py DIR).')
+                                'images (python '
+                                'projects/mst_research/tools/write_animal_shapes.py DIR).')
     masks = load_object_masks(objects_root, split)
     missing = [p for p in paths if osp.join(split, p) not in masks]
     if missing:

@@ -1,7 +1,8 @@
 """The evidence recipe's pretraining end to end, this checkout against another
-(tools/analysis/benchmark_recipe.py): each run is a fresh process that trains on one core in
-its checkout, with that checkout's own ``mst_mm`` and recipe, and times every part of an
-iteration (:func:`split_iterations`) and its MFU. docs/benchmarks.md explains the figures.
+(projects/mst_research/tools/benchmark_recipe.py): each run is a fresh process that trains
+on one core in its checkout, with that checkout's own ``mst_mm`` and recipe, and times every
+part of an iteration (:func:`split_iterations`) and its MFU. docs/benchmarks.md explains the
+figures.
 """
 import importlib
 import json
@@ -184,7 +185,8 @@ def summarise(runs: List[dict], codes: List[str]) -> dict:
 
 def doc_rows(result: dict, run: str) -> List[str]:
     """The rows of docs/benchmarks.md for one run: one per code and variant, then one of
-    ratios (``tests/test_benchmark_recipe.py`` checks the doc against the committed JSONs)."""
+    ratios (``projects/mst_research/tests/test_benchmark_recipe.py`` checks the doc against the
+    committed JSONs)."""
     rows = []
     for name, row in result['rows'].items():
         parts = ' | '.join(bench.median_range(row['ms'][part], 1) for part in PARTS)

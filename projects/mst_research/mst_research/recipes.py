@@ -146,7 +146,8 @@ def prepare_data(data_root: Optional[str], transfer: bool) -> str:
     missing = [n for n in needed if not osp.isfile(osp.join(data_root, n))]
     if missing:
         raise SystemExit(f"--data-root {data_root} lacks {', '.join(missing)}: write it with "
-                         f'python tools/misc/write_animal_shapes.py {data_root}, or leave '
+                         'python projects/mst_research/tools/write_animal_shapes.py '
+                         f'{data_root}, or leave '
                          f'--data-root out to use {DEFAULT_DATA_ROOT}.')
     return data_root
 

@@ -133,7 +133,7 @@ def finetune(config_path: str, checkpoint: Optional[str], work_dir: str, scenes_
             osp.join(scenes_root, 'val')):
         raise FileNotFoundError(
             f'{scenes_root} has no train/ and val/ scenes: write them with '
-            f'python tools/misc/write_animal_shapes.py {osp.dirname(scenes_root)}')
+            f'python projects/mst_research/tools/write_animal_shapes.py {osp.dirname(scenes_root)}')
     cfg = Config.fromfile(config_path)
     old_max_iters = cfg.train_cfg.max_iters
     if options:

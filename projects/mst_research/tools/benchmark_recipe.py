@@ -1,7 +1,7 @@
 """End-to-end speed of the evidence recipe's pretraining, this code against a baseline.
 
     git worktree add /tmp/mst_baseline 0e60de1
-    python tools/analysis/benchmark_recipe.py --baseline /tmp/mst_baseline --repeats 5
+    python projects/mst_research/tools/benchmark_recipe.py --baseline /tmp/mst_baseline --repeats 5
 
 Every run is a fresh process of this tool (``--child``) that trains one variant of one
 checkout's recipe on one core: ``mst_research.recipe_speed`` says how an iteration is split
@@ -26,7 +26,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument('--warmup', type=int, default=5, help='untimed iterations first')
     parser.add_argument('--batch-size', type=int, default=64)
     parser.add_argument('--data-root', default=osp.join(bench.REPO, 'data', 'animal_shapes'),
-                        help='objects/ as tools/misc/write_animal_shapes.py writes it')
+                        help='objects/ as write_animal_shapes.py writes it')
     parser.add_argument('--out', default='work_dirs/benchmark/recipe.json')
     parser.add_argument('--child', help=argparse.SUPPRESS)  # internal: JSON spec of one run
     return parser.parse_args(argv)
@@ -39,7 +39,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
         return {}
     if not osp.isdir(osp.join(args.data_root, 'objects')):
         raise SystemExit(f'{args.data_root}/objects is missing: write the images first with '
-                         f'python tools/misc/write_animal_shapes.py {args.data_root}')
+                         'python projects/mst_research/tools/write_animal_shapes.py '
+                         f'{args.data_root}')
     codes = {'this': bench.REPO}
     if args.baseline:
         codes = {'baseline': osp.abspath(args.baseline), **codes}

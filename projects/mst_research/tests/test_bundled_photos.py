@@ -1,4 +1,4 @@
-"""The bundled-photo folder of tools/misc/write_bundled_photos.py."""
+"""The bundled-photo folder of projects/mst_research/tools/write_bundled_photos.py."""
 import os
 
 import numpy as np

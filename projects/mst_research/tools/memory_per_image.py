@@ -1,7 +1,8 @@
 """What one training step of a pretraining config holds in memory, per image and in all.
 
-    python tools/analysis/memory_per_image.py configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py
-    python tools/analysis/memory_per_image.py CONFIG --batch-sizes 32 64 --device cuda
+    python projects/mst_research/tools/memory_per_image.py \
+        configs/mst/mst_deit-s-p16_8xb128-coslr-300e_in1k.py
+    python projects/mst_research/tools/memory_per_image.py CONFIG --batch-sizes 32 64 --device cuda
 
 Each batch size runs two training steps in a fresh process (``--one-batch-size``); a straight
 line through the peaks gives the memory per image (its slope) and what does not grow with

@@ -1,25 +1,21 @@
-"""tools/analysis/benchmark_recipe.py and mst_research.recipe_speed: the split of an iteration,
-the ratios taken inside a repetition, one real run, the recipe each checkout's runs import,
-and the docs rows rendered from the committed JSONs."""
+"""projects/mst_research/tools/benchmark_recipe.py and mst_research.recipe_speed: the split
+of an iteration, the ratios taken inside a repetition, one real run, the recipe each
+checkout's runs import, and the docs rows rendered from the committed JSONs."""
 import json
 import os
 import re
 import statistics
-from pathlib import Path
 
 import pytest
+from kit_helpers import REPO, load_tool
 
 from mst_research import recipe_speed
 from mst_research.data import write_object_images
-from tests.helpers import load_tool
-from tests.test_animal_shapes import small_package  # noqa: F401  (fixture)
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope='module')
 def tool():
-    return load_tool('tools/analysis/benchmark_recipe.py')
+    return load_tool('projects/mst_research/tools/benchmark_recipe.py')
 
 
 def test_an_iteration_splits_into_loader_preprocess_step_and_hooks():

@@ -4,6 +4,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from kit_helpers import REPO, load_tool
 from mmengine.config import Config
 from mmpretrain.registry import MODELS
 
@@ -27,8 +28,6 @@ from mst_research.patch_probe import (
     probe_patches,
 )
 from mst_research.probes import patch_object_mask
-from tests.helpers import REPO, load_tool
-from tests.test_animal_shapes import small_package  # noqa: F401  (fixture)
 
 
 def test_patch_labels_from_a_known_mask():
@@ -157,7 +156,7 @@ def tiny_mst_checkpoint(path):
 
 def test_entry_point_on_a_tiny_folder_with_masks(tmp_path, objects_folder, capsys):
     config, cfg, mst = tiny_mst_checkpoint(tmp_path / 'mst.pth')
-    tool = load_tool('tools/analysis/patch_probe.py')
+    tool = load_tool('projects/mst_research/tools/patch_probe.py')
     out = tmp_path / 'probe.json'
     # The evidence data root (objects/ inside) is accepted as well as the folder itself.
     (tmp_path / 'evidence').mkdir()

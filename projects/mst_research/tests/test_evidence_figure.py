@@ -3,10 +3,10 @@ visualisation over the k-NN probe curves, one colour per variant, a line per see
 import numpy as np
 import pytest
 import torch
+from kit_helpers import demo_model
 
 from mst_mm.visualization import mst_picture_row
 from mst_research.report import draw_evidence_figure, plot_evidence_figure
-from tests.test_visualization import _demo_model
 
 
 def _probe(epochs_per_seed):
@@ -23,7 +23,7 @@ def test_evidence_figure_draws_the_grid_over_the_probe_curves(tmp_path):
     import matplotlib.pyplot as plt
     from PIL import Image
 
-    model = _demo_model()
+    model = demo_model()
     rows = [mst_picture_row(model, torch.randn(3, 32, 32), torch.Generator().manual_seed(s),
                             label=name) for s, name in enumerate(['bear', 'cat'])]
     open_figures = plt.get_fignums()

@@ -1,16 +1,16 @@
-"""tools/analysis/memory_per_image.py (and mst_research.step_cost's fit): the straight line
-through the peaks, one real run, and the docs' figures read off the committed run."""
+"""projects/mst_research/tools/memory_per_image.py (and mst_research.step_cost's fit): the
+straight line through the peaks, one real run, and the docs' figures read off the committed run."""
 import json
 
 import pytest
+from kit_helpers import REPO, load_tool
 
 from mst_research.step_cost import fit_memory_per_image
-from tests.helpers import REPO, load_tool
 
 
 @pytest.fixture(scope='module')
 def tool():
-    return load_tool('tools/analysis/memory_per_image.py')
+    return load_tool('projects/mst_research/tools/memory_per_image.py')
 
 
 def test_the_fit_recovers_a_planted_line():

@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from kit_helpers import REPO, scalars
 from mmengine.config import Config
 from mmengine.runner import EpochBasedTrainLoop, set_random_seed
 from mmpretrain.registry import DATASETS, MODELS
@@ -14,7 +15,6 @@ from mst_mm.engine.safe_loading import read_checkpoint
 from mst_mm.models.algorithms.feature_embedder import embed_images
 from mst_research.data import image_batches, load_class_folders
 from mst_research.recipes import load_supervised_backbone, supervised_config, train_supervised
-from tests.helpers import REPO, scalars
 
 VIT_CONFIG = str(REPO / 'configs' / 'mst' / 'mst_vit-tiny-p4_1xb64-coslr-6e_animals.py')
 CLASSES, PER_CLASS, EPOCHS, BATCH = 3, 8, 12, 4

@@ -3,20 +3,13 @@ summary (Results) and the benchmark runs (Speed). The lines are rendered here fr
 and must appear in README.md verbatim."""
 import json
 import statistics
-from pathlib import Path
 from typing import List
+
+from kit_helpers import REPO, mean_std
 
 from mst_research import report
 
-REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / 'docs/results'
-
-
-def mean_std(values: List[float], digits: int = 1) -> str:
-    """tools/evidence.py's cell: the mean, and the sample std when there are several runs."""
-    if len(values) == 1:
-        return f'{values[0]:.{digits}f}'
-    return f'{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}'
 
 
 def span(values: List[float], digits: int = 2) -> str:

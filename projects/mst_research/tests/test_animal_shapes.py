@@ -1,7 +1,5 @@
 """The evidence data: the fixed split, the object images and the scene annotations."""
-import gzip
 import json
-import pickle
 
 import numpy as np
 import pytest
@@ -18,20 +16,6 @@ from mst_research.data import (
     write_object_images,
     write_scenes,
 )
-
-
-@pytest.fixture(scope='module')
-def small_package(tmp_path_factory):
-    """A package folder laid out as animal-shape-mnist's, with 4 real silhouettes a class."""
-    images, labels = load_silhouettes()
-    keep = np.concatenate([np.flatnonzero(labels == c)[:4] for c in range(len(CLASSES))])
-    root = tmp_path_factory.mktemp('animal_shape_mnist')
-    (root / 'data' / 'Animal Shape').mkdir(parents=True)
-    for name, array in (('animal_data_version_3.gz', images[keep]),
-                        ('animal_label_version_3.gz', labels[keep])):
-        with gzip.open(root / 'data' / 'Animal Shape' / name, 'wb') as f:
-            pickle.dump(array, f)
-    return str(root)
 
 
 def test_the_installed_package_has_1000_silhouettes_of_each_class():

@@ -1,6 +1,6 @@
 """Write random crops of scikit-image's bundled photos into an unlabelled image folder.
 
-    python tools/misc/write_bundled_photos.py data/bundled_photos --num-images 2048
+    python projects/mst_research/tools/write_bundled_photos.py data/bundled_photos --num-images 2048
 
 The folder trains with any pretraining config by pointing ``data_root`` at it; see
 ``mst_research.data.write_photo_crops`` for what it is (and is not) good for.

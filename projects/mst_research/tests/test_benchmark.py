@@ -15,11 +15,10 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F
+from kit_helpers import DEMO_CONFIG, REPO, cpu_mixed_precision_training, load_tool, stand_in_dino
 from mmengine.config import Config
 
 from mst_research import bench, dino_reference, step_cost
-from tests.conftest import cpu_mixed_precision_training
-from tests.helpers import DEMO_CONFIG, REPO, load_tool
 
 # seconds of three repetitions; the hand-computed figures below come from these
 KNOWN_SECONDS = dict(
@@ -115,100 +114,6 @@ def test_the_variants_split_mst_into_its_mask_and_its_decoder():
     for other in (mask_only, dino):   # nothing else differs
         assert {k: v for k, v in other.items() if k not in ('decoder_head', 'mask_cfg')} == \
             {k: v for k, v in mst.items() if k not in ('decoder_head', 'mask_cfg')}
-
-
-# A stand-in for a facebookresearch/dino clone: the three modules the reference step
-# imports, with DINO's names and signatures, each call written to calls.txt beside them.
-STAND_IN = {
-    'main_dino.py': '''
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
-from utils import record  # DINO's scripts import each other by top-level name
-
-
-class DINOLoss(nn.Module):
-    def __init__(self, out_dim, ncrops, warmup_teacher_temp, teacher_temp,
-                 warmup_teacher_temp_epochs, nepochs, student_temp=0.1, center_momentum=0.9):
-        super().__init__()
-        self.ncrops = ncrops
-        self.register_buffer('center', torch.zeros(1, out_dim))
-        record(f'loss_init {out_dim} {ncrops} {teacher_temp} {student_temp}')
-
-    def forward(self, student_output, teacher_output, epoch):
-        record(f'loss {tuple(student_output.shape)} {tuple(teacher_output.shape)} '
-               f'{dist.get_world_size()}')
-        target = F.softmax(teacher_output.chunk(2)[0], dim=-1).detach()
-        return -(target * F.log_softmax(student_output.chunk(self.ncrops)[1], -1)).sum(-1).mean()
-''',
-    'utils.py': '''
-import os
-
-import torch
-import torch.nn as nn
-
-CALLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'calls.txt')
-
-
-def record(line):
-    with open(CALLS, 'a') as f:
-        f.write(line + '\\n')
-
-
-class MultiCropWrapper(nn.Module):
-    def __init__(self, backbone, head):
-        super().__init__()
-        self.backbone, self.head = backbone, head
-
-    def forward(self, x):
-        return self.head(torch.cat([self.backbone(crop) for crop in x]))
-
-
-def get_params_groups(model):
-    return [{'params': [p for p in model.parameters() if p.requires_grad]}]
-
-
-def clip_gradients(model, clip):
-    record(f'clip {clip}')
-    return []
-
-
-def cancel_gradients_last_layer(epoch, model, freeze_last_layer):
-    record(f'cancel {epoch} {freeze_last_layer}')
-''',
-    'vision_transformer.py': '''
-import torch.nn as nn
-
-
-class VisionTransformer(nn.Module):
-    def __init__(self, img_size, patch_size, embed_dim, depth, num_heads, mlp_ratio,
-                 qkv_bias, norm_layer, drop_path_rate):
-        super().__init__()
-        self.embed_dim = embed_dim
-        self.patch = nn.Conv2d(3, embed_dim, patch_size, patch_size)
-
-    def forward(self, x):
-        return self.patch(x).mean(dim=(2, 3))
-
-
-class DINOHead(nn.Module):
-    def __init__(self, in_dim, out_dim, use_bn=False, norm_last_layer=True, nlayers=3,
-                 hidden_dim=2048, bottleneck_dim=256):
-        super().__init__()
-        self.mlp = nn.Linear(in_dim, out_dim)
-
-    def forward(self, x):
-        return self.mlp(x)
-''',
-}
-
-
-def stand_in_dino(folder):
-    folder.mkdir()
-    for name, text in STAND_IN.items():
-        (folder / name).write_text(text)
-    return folder
 
 
 def test_reference_dino_option_times_the_three_steps_from_the_clone(tool, known_timer,
@@ -358,7 +263,7 @@ def test_reference_table_names_each_steps_autocast_and_peak_memory(capsys):
 @cpu_mixed_precision_training
 def test_dtypes_build_and_time_our_steps_in_each_autocast_dtype(tmp_path, monkeypatch):
     """--dtypes on a GPU, here on the CPU: mmengine's AMP wrapper with its GPU assertion
-    lifted and torch's CPU GradScaler (as tests/test_amp_on_cpu.py does)."""
+    lifted and torch's CPU GradScaler (as tests/test_engine/test_mixed_precision.py does)."""
     import functools
 
     from mmengine.optim.optimizer import amp_optimizer_wrapper

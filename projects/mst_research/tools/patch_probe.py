@@ -1,19 +1,19 @@
 """Frozen patch-feature probe of a checkpoint: patch-grid and pixel mIoU, as a table (and JSON).
 
-    python tools/analysis/patch_probe.py \
+    python projects/mst_research/tools/patch_probe.py \
         configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py CKPT \
         --data-root data/animal_shapes/objects [--raw-pixels] [--out probe.json]
     # choosing the probe's settings: the validation images carved from the training images
-    python tools/analysis/patch_probe.py CONFIG CKPT --data-root DIR --validation \
+    python projects/mst_research/tools/patch_probe.py CONFIG CKPT --data-root DIR --validation \
         --optimizer sgd --lr 0.1 --epochs 20
 
 CONFIG is the MST pretraining config whose ``model.backbone`` (a ViT) the checkpoint fits and
 whose data preprocessor normalises the images. CKPT is an MST training checkpoint (teacher
 weights by default), a checkpoint with ``backbone.*`` keys, or a backbone alone
 (``mst2downstream.py --target mmpretrain``), loaded weights-only, every weight required. DIR
-holds the object images with their masks as ``tools/misc/write_animal_shapes.py`` writes them
-under ``objects/`` (the evidence data root is accepted too); ``mst_research.patch_probe``
-says how the probe trains and scores.
+holds the object images with their masks as ``write_animal_shapes.py`` (beside this tool)
+writes them under ``objects/`` (the evidence data root is accepted too);
+``mst_research.patch_probe`` says how the probe trains and scores.
 """
 import argparse
 import json
@@ -75,7 +75,7 @@ def objects_root(data_root: str) -> str:
             return root
     raise UserInputError(f'--data-root {data_root} has no train_masks.npz (nor objects/'
                          'train_masks.npz): write the images with their masks, python '
-                         f'tools/misc/write_animal_shapes.py {data_root}')
+                         f'projects/mst_research/tools/write_animal_shapes.py {data_root}')
 
 
 def main(argv=None) -> dict:

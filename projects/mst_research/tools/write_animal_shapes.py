@@ -1,6 +1,6 @@
 """Write the evidence data: animal object images and detection / segmentation scenes.
 
-    python tools/misc/write_animal_shapes.py data/animal_shapes
+    python projects/mst_research/tools/write_animal_shapes.py data/animal_shapes
 
 writes ``OUT/objects`` (8,000 train and 2,000 test 32 x 32 images, ``<split>/<class>/*.png``,
 with the object masks in ``<split>_masks.npz``) and ``OUT/scenes`` (COCO annotations and mmseg

@@ -4,10 +4,10 @@ one per row and seed of the summary; and a k-NN row recomputed from one of them 
 committed summary to its printed digit."""
 import json
 import re
-from pathlib import Path
 
 import pytest
 import torch
+from kit_helpers import REPO, mean_std
 from mmengine.config import Config
 
 from mst_mm.engine.safe_loading import read_checkpoint
@@ -15,9 +15,7 @@ from mst_mm.evaluation import knn_top1
 from mst_mm.models.algorithms.feature_embedder import embed_images
 from mst_research.data import image_batches, load_class_folders, write_object_images
 from mst_research.patch_probe import load_frozen_backbone
-from tests.test_readme_figures import mean_std
 
-REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / 'docs/results/evidence_50e'
 CONFIG = REPO / 'configs/mst/mst_vit-tiny-p4_1xb64-coslr-50e_animals.py'
 ROWS = ('dino', 'mst_decoder', 'mst_random_mask', 'mst_guided_mask', 'supervised')

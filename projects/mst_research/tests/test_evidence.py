@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from kit_helpers import REPO, hand_knn_top1, load_tool, read_split
 from mmengine.config import Config
 from mmpretrain.registry import MODELS
 
@@ -25,9 +26,6 @@ from mst_research.data import (
     write_object_images,
 )
 from mst_research.patch_probe import masked_splits, probe_patches
-from tests.helpers import REPO, load_tool
-from tests.test_animal_shapes import small_package  # noqa: F401  (fixture)
-from tests.test_knn import hand_knn_top1, read_split
 
 VARIANTS = ('dino', 'mst_decoder', 'mst_random_mask', 'mst_guided_mask')
 GUIDANCE_KEYS = {'attention_on_object_share', 'candidates_on_object_share',

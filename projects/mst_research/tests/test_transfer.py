@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from kit_helpers import REPO, scalars
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.model import BaseModel
@@ -20,7 +21,6 @@ import mst_mm  # noqa: F401
 from mst_mm.errors import UserInputError
 from mst_research.data import write_scenes
 from mst_research.transfer import TRANSFER_METRICS, FrozenBackbone, finetune
-from tests.helpers import REPO, scalars
 
 SWIN_CONFIG = REPO / 'configs/mst/mst_swin-nano-p4-w4_1xb64-coslr-6e_animals.py'
 VIT_CONFIG = REPO / 'configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py'

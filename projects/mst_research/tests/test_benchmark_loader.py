@@ -4,10 +4,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+from kit_helpers import REPO, load_tool
 from mmengine.config import Config
 
 from mst_research import loader_speed
-from tests.helpers import REPO, load_tool
 
 REPO_PATH = Path(REPO)
 
