@@ -63,7 +63,7 @@ def test_each_checkout_runs_with_its_own_code_and_recipe(tmp_path):
 
 @pytest.mark.slow
 def test_one_run_of_this_code_times_both_variants_and_counts_their_flop(tool, tmp_path,
-                                                                        small_package):  # noqa: F811
+                                                                        small_package):
     data_root = tmp_path / 'animals'
     write_object_images(str(data_root / 'objects'), test_per_class=1, package_dir=small_package)
     result = tool.main(['--repeats', '1', '--iters', '2', '--warmup', '1', '--batch-size', '2',

@@ -60,7 +60,7 @@ def evidence():
 
 
 @pytest.mark.slow
-def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_package,  # noqa: F811
+def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_package,
                                                           evidence, capsys):
     data_root = tmp_path / 'animals'
     write_object_images(str(data_root / 'objects'), test_per_class=1, package_dir=small_package)
@@ -173,7 +173,7 @@ def test_the_validation_split_holds_out_100_images_a_class_of_the_train_split():
     assert all((a == b).all() for a, b in zip((fit, val), validation_split(labels[train])))
 
 
-def test_validation_mode_probes_without_the_test_images(tmp_path, small_package,  # noqa: F811
+def test_validation_mode_probes_without_the_test_images(tmp_path, small_package,
                                                        evidence, monkeypatch):
     data_root = tmp_path / 'animals'
     objects = data_root / 'objects'

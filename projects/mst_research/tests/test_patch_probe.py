@@ -133,7 +133,7 @@ def test_probe_separates_a_planted_feature_perfectly():
 
 # ------------------------------------------------------------------------ the entry point
 @pytest.fixture(scope='module')
-def objects_folder(tmp_path_factory, small_package):  # noqa: F811
+def objects_folder(tmp_path_factory, small_package):
     """Real rendered object images with their masks: 3 train and 1 test image a class."""
     root = tmp_path_factory.mktemp('objects')
     write_object_images(str(root), test_per_class=1, package_dir=small_package)
