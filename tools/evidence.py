@@ -1,5 +1,6 @@
 """The evidence run: does MST learn object features, does its mask avoid the object, and do
-its checkpoints transfer? On real animal silhouettes, on a CPU (tools/run_evidence.sh).
+its checkpoints transfer? On real animal silhouettes, on a CPU
+(projects/mst_research/tools/run_evidence.sh).
 
 It writes the object images and scenes once (``mst_research.data``); pretrains the tiny ViT
 of ``configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py`` as the rows of the paper's
