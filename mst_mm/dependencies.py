@@ -23,7 +23,7 @@ REQUIRED: Dict[str, Tuple[str, Optional[str]]] = {
 FIXES: Dict[str, str] = {
     'torch': 'pip install torch torchvision  (the CUDA build for your driver: '
              'https://pytorch.org/get-started/locally/)',
-    'mmcv': 'one provider of the mmcv package: the prebuilt mmcv for your torch '
+    'mmcv': 'install one provider of the mmcv package: the prebuilt mmcv for your torch '
             '(pip install -U openmim && mim install "mmcv>=2.0.0,<2.2.0"), mmcv-lite for '
             'pretraining alone (pip install "mmcv-lite>=2.0.0,<2.4.0") or OneDL\'s '
             '(pip install onedl-mmcv)',
@@ -57,7 +57,7 @@ def requirement_problem(name: str, version: Optional[str]) -> Optional[str]:
             f' (distribution {", ".join(sorted(set(providers)))})' if providers else '')
     else:
         return None
-    return f'mst_mm needs {needed}, but {found}. Install {FIXES[name]}.'
+    return f'mst_mm needs {needed}, but {found}. Fix: {FIXES[name]}.'
 
 
 def check_dependencies() -> None:

@@ -58,7 +58,7 @@ def test_import_without_mmcv_names_every_provider_and_its_install_command():
     assert result.returncode == 1
     error = result.stderr.strip().splitlines()
     assert error[-2] == ('ImportError: mst_mm needs mmcv>=2.0.0,<2.4.0, but mmcv is not '
-                         'installed. Install one provider of the mmcv package: the prebuilt '
+                         'installed. Fix: install one provider of the mmcv package: the prebuilt '
                          'mmcv for your torch (pip install -U openmim && mim install '
                          '"mmcv>=2.0.0,<2.2.0"), mmcv-lite for pretraining alone (pip install '
                          '"mmcv-lite>=2.0.0,<2.4.0") or OneDL\'s (pip install onedl-mmcv).')
