@@ -123,6 +123,18 @@ def test_the_plugins_tests_use_no_kit_and_the_kits_tests_no_plugin_test():
         'tests', 'projects/mst_research/tests'], 'pytest must collect both test folders'
 
 
+def test_the_plugins_configs_use_no_kit():
+    """No config in configs/ imports the kit or names it in custom_imports: the wheel carries
+    configs/ for `mim`, without the kit (its configs are in projects/mst_research/configs)."""
+    def uses_the_kit(path: Path) -> bool:
+        return any(isinstance(node, ast.Constant) and isinstance(node.value, str)
+                   and node.value.split('.')[0] == 'mst_research'
+                   for node in ast.walk(ast.parse(path.read_text()))) or imports_the_kit(path)
+    configs = sorted((REPO / 'configs').rglob('*.py'))
+    assert len(configs) > 20
+    assert not [str(p.relative_to(REPO)) for p in configs if uses_the_kit(p)]
+
+
 @pytest.mark.parametrize('path', TOOLS, ids=lambda p: str(p.relative_to(REPO)))
 def test_tools_are_thin_and_stand_alone(path):
     source = path.read_text()

@@ -22,11 +22,10 @@ from . import REPO
 from .data import class_folder_files, validation_split, write_object_images, write_scenes
 
 VIT_CONFIG = osp.join(REPO, 'configs', 'mst', 'mst_vit-tiny-p4_1xb64-coslr-6e_animals.py')
-SWIN_CONFIG = osp.join(REPO, 'configs', 'mst', 'mst_swin-nano-p4-w4_1xb64-coslr-6e_animals.py')
-DET_CONFIG = osp.join(REPO, 'configs', 'benchmarks', 'mmdetection',
-                      'mask-rcnn_mst-swin-nano_fpn_animal-scenes.py')
-SEG_CONFIG = osp.join(REPO, 'configs', 'benchmarks', 'mmsegmentation',
-                      'setr_mst-vit-tiny_naive_animal-scenes.py')
+KIT_CONFIGS = osp.join(REPO, 'projects', 'mst_research', 'configs')
+SWIN_CONFIG = osp.join(KIT_CONFIGS, 'mst_swin-nano-p4-w4_1xb64-coslr-6e_animals.py')
+DET_CONFIG = osp.join(KIT_CONFIGS, 'mask-rcnn_mst-swin-nano_fpn_animal-scenes.py')
+SEG_CONFIG = osp.join(KIT_CONFIGS, 'setr_mst-vit-tiny_naive_animal-scenes.py')
 DEFAULT_DATA_ROOT = 'data/animal_shapes'
 KNN_K = 20
 # The guided mask (Eq. 6): the 1 / NUM least attended patches are its candidates, each masked

@@ -17,7 +17,7 @@ from mst_research.data import image_batches, load_class_folders, write_object_im
 from mst_research.patch_probe import load_frozen_backbone
 
 RUN = REPO / 'docs/results/evidence_50e'
-CONFIG = REPO / 'configs/mst/mst_vit-tiny-p4_1xb64-coslr-50e_animals.py'
+CONFIG = REPO / 'projects/mst_research/configs/mst_vit-tiny-p4_1xb64-coslr-50e_animals.py'
 ROWS = ('dino', 'mst_decoder', 'mst_random_mask', 'mst_guided_mask', 'supervised')
 
 

@@ -2,6 +2,7 @@
 k-NN probe curve and the resume-by-skipping of finished units."""
 import json
 import math
+import os
 import shutil
 
 import numpy as np
@@ -209,11 +210,11 @@ def test_validation_mode_probes_without_the_test_images(tmp_path, small_package,
 
 
 def test_the_long_recipe_config_is_the_candidate_chosen_on_the_validation_split(evidence):
-    """configs/mst/...-50e_animals.py is the 6-epoch config with the search's options (as
-    docs/evidence.md lists them), scaled to 50 epochs, as the search ran it."""
+    """projects/mst_research/configs/...-50e_animals.py is the 6-epoch config with the search's
+    options (as docs/evidence.md lists them), scaled to 50 epochs, as the search ran it."""
     chosen = {'model.base_momentum': 0.004, 'custom_hooks.0.start': 0.02,
               'custom_hooks.0.end': 0.02}
-    long_config = recipes.VIT_CONFIG.replace('-6e_', '-50e_')
+    long_config = os.path.join(recipes.KIT_CONFIGS, 'mst_vit-tiny-p4_1xb64-coslr-50e_animals.py')
     data_root = 'no/data/needed'
     searched = recipes.pretrain_config(
         recipes.VIT_CONFIG, 'dino', 10,

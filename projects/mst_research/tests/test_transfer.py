@@ -22,10 +22,10 @@ from mst_mm.errors import UserInputError
 from mst_research.data import write_scenes
 from mst_research.transfer import TRANSFER_METRICS, FrozenBackbone, finetune
 
-SWIN_CONFIG = REPO / 'configs/mst/mst_swin-nano-p4-w4_1xb64-coslr-6e_animals.py'
+SWIN_CONFIG = REPO / 'projects/mst_research/configs/mst_swin-nano-p4-w4_1xb64-coslr-6e_animals.py'
 VIT_CONFIG = REPO / 'configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py'
-DET_CONFIG = REPO / 'configs/benchmarks/mmdetection/mask-rcnn_mst-swin-nano_fpn_animal-scenes.py'
-SEG_CONFIG = REPO / 'configs/benchmarks/mmsegmentation/setr_mst-vit-tiny_naive_animal-scenes.py'
+DET_CONFIG = REPO / 'projects/mst_research/configs/mask-rcnn_mst-swin-nano_fpn_animal-scenes.py'
+SEG_CONFIG = REPO / 'projects/mst_research/configs/setr_mst-vit-tiny_naive_animal-scenes.py'
 TEACHER = 'teacher.module.0.'
 
 

@@ -1,7 +1,8 @@
 # Mask R-CNN with FPN on the animal scenes (the evidence run's detection transfer,
 # tools/evidence.py), from the MaskSwin-nano of
-# configs/mst/mst_swin-nano-p4-w4_1xb64-coslr-6e_animals.py. The scenes are 64 x 64 grey
-# canvases with 1-4 animals covering 4-12 % of the canvas each (13-22 px across), written by
+# projects/mst_research/configs/mst_swin-nano-p4-w4_1xb64-coslr-6e_animals.py. The scenes
+# are 64 x 64 grey canvases with 1-4 animals covering 4-12 % of the canvas each (13-22 px
+# across), written by
 #   python -c "from mst_research.data import write_scenes; \
 #              write_scenes('data/animal_shapes/scenes')"
 # mmdet's Swin-T Mask R-CNN config, scaled to a CPU: the nano backbone, narrower FPN and heads,
@@ -12,8 +13,8 @@
 #
 #   python tools/model_converters/mst2downstream.py WORK_DIR/epoch_N.pth \
 #       pretrain/mst_swin-nano_mmdet.pth --target mmdet \
-#       --config configs/benchmarks/mmdetection/mask-rcnn_mst-swin-nano_fpn_animal-scenes.py
-#   python tools/train.py configs/benchmarks/mmdetection/mask-rcnn_mst-swin-nano_fpn_animal-scenes.py
+#       --config projects/mst_research/configs/mask-rcnn_mst-swin-nano_fpn_animal-scenes.py
+#   python tools/train.py projects/mst_research/configs/mask-rcnn_mst-swin-nano_fpn_animal-scenes.py
 _base_ = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
 
 # mst_mm makes every checkpoint load weights-only (mst_mm.engine.safe_loading).

@@ -1,8 +1,8 @@
 # The evidence recipe's Swin (tools/evidence.py): MST on a small MaskSwin, pretrained on the
 # same 8,000 animal silhouettes, schedule and hooks as the ViT-tiny of
-# mst_vit-tiny-p4_1xb64-coslr-6e_animals.py; only the model differs. Its teacher is what
+# configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py; only the model differs. Its teacher is what
 # Mask R-CNN fine-tunes on the scenes
-# (configs/benchmarks/mmdetection/mask-rcnn_mst-swin-nano_fpn_animal-scenes.py).
+# (projects/mst_research/configs/mask-rcnn_mst-swin-nano_fpn_animal-scenes.py).
 #
 # Two stages, not Swin-T's four: MaskSwin masks and guides on the last stage's grid, and the
 # rule takes the lowest N // num cells as candidates (num = 8). On a 32-px crop with 4-px
@@ -12,7 +12,7 @@
 # the 4 x 4 window (pad_small_map). The width is the ViT's (48) and the heads are 16 wide as
 # the ViT's; the depth (2, 4) makes an iteration cost about what the ViT's does (0.78-0.83 s
 # against 0.70-0.85 s at batch 64 on one core of the 2-core CPU).
-_base_ = ['mst_vit-tiny-p4_1xb64-coslr-6e_animals.py']
+_base_ = ['../../../configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py']
 
 embed_dims = 48
 last_channels = embed_dims * 2   # one patch merging doubles the width

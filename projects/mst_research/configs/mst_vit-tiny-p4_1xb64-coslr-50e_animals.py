@@ -3,7 +3,7 @@
 # 0.99 -> 1, and a teacher temperature of 0.02 instead of 0.015. Chosen on DINO's held-out
 # seeds 10 and 11 on the validation split carved from the training images (tools/evidence.py
 # --validation); the candidates and their curves are in docs/evidence.md.
-_base_ = ['mst_vit-tiny-p4_1xb64-coslr-6e_animals.py']
+_base_ = ['../../../configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py']
 
 data_root = 'data/animal_shapes/objects'
 max_epochs = 50

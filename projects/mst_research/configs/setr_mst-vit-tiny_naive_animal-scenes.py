@@ -12,8 +12,8 @@
 #
 #   python tools/model_converters/mst2downstream.py WORK_DIR/epoch_N.pth \
 #       pretrain/mst_vit-tiny_mmseg.pth --target mmseg \
-#       --config configs/benchmarks/mmsegmentation/setr_mst-vit-tiny_naive_animal-scenes.py
-#   python tools/train.py configs/benchmarks/mmsegmentation/setr_mst-vit-tiny_naive_animal-scenes.py
+#       --config projects/mst_research/configs/setr_mst-vit-tiny_naive_animal-scenes.py
+#   python tools/train.py projects/mst_research/configs/setr_mst-vit-tiny_naive_animal-scenes.py
 _base_ = 'mmseg::setr/setr_vit-l_naive_8xb1-80k_cityscapes-768x768.py'
 
 # mst_mm makes every checkpoint load weights-only (mst_mm.engine.safe_loading).
