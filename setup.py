@@ -11,7 +11,7 @@ ROOT = osp.dirname(osp.abspath(__file__))
 
 # What `mim` reads from an installed package: the configs (`mim train mst_mm NAME.py` finds a
 # config by its file name), the user tools it runs (mmpretrain's layout; the research kit's
-# tools in tools/ stay in the repository) and the model index that `mim search` lists (it
+# tools live in projects/mst_research/tools) and the model index that `mim search` lists (it
 # imports configs/mst/metafile.yml).
 USER_TOOLS = ('train.py', 'test.py', 'dist_train.sh', 'dist_test.sh', 'slurm_train.sh',
               'slurm_test.sh', 'analysis/browse_dataset.py', 'analysis/knn_eval.py',

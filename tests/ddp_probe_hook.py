@@ -1,4 +1,5 @@
-"""Hooks for tests/test_engine/test_distributed.py: each rank dumps what must agree across ranks and what
+"""Hooks for tests/test_engine/test_distributed.py: each rank dumps what must agree across ranks
+and what
 its random streams drew."""
 import os.path as osp
 

@@ -58,7 +58,8 @@ def write_run_config(tmp_path: Path, base: Path, epochs: int = 3, extra: str = '
 
 def run_tool(cmd, **env) -> subprocess.CompletedProcess:
     # The repository first, then what PYTHONPATH held: on an air-gapped GPU node the stack is a
-    # folder on PYTHONPATH (tools/check_gpu.sh --wheels), which the tools need too.
+    # folder on PYTHONPATH (projects/mst_research/tools/check_gpu.sh --wheels), which the tools
+    # need too.
     python_path = os.pathsep.join(filter(None, [str(REPO), os.environ.get('PYTHONPATH')]))
     full_env = dict(os.environ, PYTHONPATH=python_path, **env,
                     PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ['PATH'])

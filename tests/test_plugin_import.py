@@ -277,7 +277,7 @@ def test_import_and_our_loads_change_nothing_of_other_libraries():
 def test_the_pretraining_block_of_the_install_guide_runs_around_the_users_torch(tmp_path):
     """docs/install.md's mmcv-lite block, command for command, in a fresh venv whose torch is
     this interpreter's (seen through a .pth file, as a user's CUDA torch would be)."""
-    from tests.test_wheelhouse import user_torch_site
+    from tests.test_repository.test_wheelhouse import user_torch_site
 
     env_dir = tmp_path / 'venv'
     venv.EnvBuilder(with_pip=True).create(env_dir)

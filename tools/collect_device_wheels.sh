@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Collects the wheels that an air-gapped GPU node needs to run this project, for
-# `bash tools/check_gpu.sh --wheels DIR` there. Run it on a machine that reaches the
+# `bash projects/mst_research/tools/check_gpu.sh --wheels DIR` there. Run it on a machine that reaches the
 # package index; the node has none.
 #
 #   bash tools/collect_device_wheels.sh [--dest DIR] [--python-version X.Y] [--max-mib N]
@@ -107,4 +107,4 @@ if [ "$mib" -gt "$MAX_MIB" ]; then
 fi
 log "$count wheels, $bytes bytes ($mib MiB) in $DEST, in $((SECONDS - start)) s"
 echo "$mib MiB"
-log "on the GPU node: bash tools/check_gpu.sh --wheels ${DEST#"$ROOT"/} (copy that folder there)"
+log "on the GPU node: bash projects/mst_research/tools/check_gpu.sh --wheels ${DEST#"$ROOT"/} (copy that folder there)"

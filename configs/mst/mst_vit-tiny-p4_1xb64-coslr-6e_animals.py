@@ -1,4 +1,4 @@
-# The evidence recipe (tools/evidence.py, Quick-start command 1): the MST recipe on a 48-wide,
+# The evidence recipe (projects/mst_research/tools/evidence.py, Quick-start command 1): the MST recipe on a 48-wide,
 # 4-layer ViT, pretrained on 8,000 rendered animal silhouettes (32 x 32, one animal per image
 # on low-pass grey noise; mst_research.data) through the ImageNet configs'
 # dataset (PretrainImageFolder, LoadImageOrSkip) and their augmentations, made per batch

@@ -5,7 +5,8 @@
 * ``--resume``: a file that is not a training checkpoint, or a truncated one (also for the
   converter).
 
-The tools' ``main()`` runs in this process; ``tests/test_tools/test_bad_input_cli.py`` checks once, in a
+The tools' ``main()`` runs in this process; ``tests/test_tools/test_bad_input_cli.py`` checks once,
+in a
 subprocess, that such an error becomes status 2 without a traceback.
 """
 import re

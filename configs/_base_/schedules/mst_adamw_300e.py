@@ -18,7 +18,7 @@ optim_wrapper = dict(
     # optimiser never sees them either way): the same parameter groups.
     constructor='StudentOptimWrapperConstructor',
     # fused=True: torch's one-kernel AdamW (CPU and CUDA), the same update as the default
-    # per-tensor loop in a fifth of the time here (tools/analysis/benchmark.py).
+    # per-tensor loop in a fifth of the time here (projects/mst_research/tools/benchmark.py).
     optimizer=dict(type='AdamW', lr=base_lr, betas=(0.9, 0.999), weight_decay=0.04,
                    fused=True),
     # Each parameter's own gradient norm clipped to 3.0, as DINO's `clip_gradients`;

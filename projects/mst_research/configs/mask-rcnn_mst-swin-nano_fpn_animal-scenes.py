@@ -1,5 +1,5 @@
 # Mask R-CNN with FPN on the animal scenes (the evidence run's detection transfer,
-# tools/evidence.py), from the MaskSwin-nano of
+# projects/mst_research/tools/evidence.py), from the MaskSwin-nano of
 # projects/mst_research/configs/mst_swin-nano-p4-w4_1xb64-coslr-6e_animals.py. The scenes
 # are 64 x 64 grey canvases with 1-4 animals covering 4-12 % of the canvas each (13-22 px
 # across), written by

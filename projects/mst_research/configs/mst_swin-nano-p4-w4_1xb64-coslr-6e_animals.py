@@ -1,4 +1,4 @@
-# The evidence recipe's Swin (tools/evidence.py): MST on a small MaskSwin, pretrained on the
+# The evidence recipe's Swin (projects/mst_research/tools/evidence.py): MST on a small MaskSwin, pretrained on the
 # same 8,000 animal silhouettes, schedule and hooks as the ViT-tiny of
 # configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py; only the model differs. Its teacher is what
 # Mask R-CNN fine-tunes on the scenes

@@ -1,7 +1,7 @@
 # The long evidence recipe (issue 38): the 6-epoch animals recipe run for 50 epochs (400,000
 # image-views), with the teacher of DINO's recipe kept closer: momentum 0.996 -> 1 instead of
 # 0.99 -> 1, and a teacher temperature of 0.02 instead of 0.015. Chosen on DINO's held-out
-# seeds 10 and 11 on the validation split carved from the training images (tools/evidence.py
+# seeds 10 and 11 on the validation split carved from the training images (projects/mst_research/tools/evidence.py
 # --validation); the candidates and their curves are in docs/evidence.md.
 _base_ = ['../../../configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py']
 

@@ -1,4 +1,4 @@
-# SETR-Naive on the animal scenes (the evidence run's segmentation transfer, tools/evidence.py),
+# SETR-Naive on the animal scenes (the evidence run's segmentation transfer, projects/mst_research/tools/evidence.py),
 # from the ViT-tiny of configs/mst/mst_vit-tiny-p4_1xb64-coslr-6e_animals.py (48 channels,
 # 4 layers, 3 heads, 4-px patches, pretrained on 32-px crops). The scenes are 64 x 64 grey
 # canvases with 1-4 animals; their label maps hold 0 = background and 1-10 = the animals:

@@ -1,4 +1,4 @@
-"""Timing and statistics of the benchmarks (tools/analysis/benchmark*.py): interleaved
+"""Timing and statistics of the benchmarks (projects/mst_research/tools/benchmark*.py): interleaved
 repetitions, ratios taken inside a repetition, FLOP counts, memory, the machine and commit a
 figure comes from. It imports nothing of mst_mm at module level: ``recipe_speed``'s child
 processes import it beside an older checkout's mst_mm.

@@ -1,6 +1,6 @@
 """The original DINO training step (facebookresearch/dino's ``main_dino.py``, imported from a
 clone at run time: nothing of DINO's is copied here) against our DINO mode and MST on the
-same crops (``tools/analysis/benchmark.py --reference-dino``)."""
+same crops (``projects/mst_research/tools/benchmark.py --reference-dino``)."""
 import importlib.util
 import math
 import os.path as osp

@@ -1,4 +1,5 @@
-"""The GPU check (tools/check_gpu.py): what the CPU test suite cannot show, in one report.
+"""The GPU check (projects/mst_research/tools/check_gpu.py): what the CPU test suite cannot
+show, in one report.
 Each step is a child process with a time limit cut to what the budget has left; what needs the
 stack under test (there only once step 1 installed it) runs in the child interpreter too, as
 ``python -m mst_research.gpu_check PART JSON``, so that this process needs only the standard
@@ -67,7 +68,8 @@ def wait_or_kill(process: subprocess.Popen, limit: float) -> int:
 
 
 class GPUCheck:
-    """The steps and the report for tools/check_gpu.py's options; :meth:`run` returns the exit
+    """The steps and the report for the kit's tools/check_gpu.py options; :meth:`run` returns the
+    exit
     status: 0 every step passed or was not available, 1 one failed or ran out of time."""
 
     def __init__(self, args: Namespace) -> None:
@@ -235,7 +237,8 @@ class GPUCheck:
         self.say("DINO float16 autocast (its default); ours bfloat16 and float16; same "
                  'synthetic crops.')
         self.step('DINO reference step', 'reference', 'reference.log', [
-            sys.executable, 'tools/analysis/benchmark.py', '--reference-dino', self.args.dino,
+            sys.executable, 'projects/mst_research/tools/benchmark.py',
+            '--reference-dino', self.args.dino,
             *BENCH[self.dry_run].split(), *peak, '--out', self.log('reference.json')])
         lines = self.text('reference.log').splitlines()
         first = next((i for i, line in enumerate(lines) if '] batch ' in line), len(lines))

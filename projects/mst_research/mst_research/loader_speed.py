@@ -1,4 +1,4 @@
-"""What the 224-px pretraining input costs (tools/analysis/benchmark_loader.py): a data
+"""What the 224-px pretraining input costs (projects/mst_research/tools/benchmark_loader.py): a data
 worker's CPU time per image, ours against DINO's ``DataAugmentationDINO``, the batched
 device-side part, and a DataLoader's images/s. docs/benchmarks.md explains the figures.
 """

@@ -1,6 +1,6 @@
 """A pretraining config's training step on synthetic crops, and what its parts cost: MST
 against DINO mode piece by piece, the float32 prototype layer against autocast, and the
-memory a step holds (tools/analysis/benchmark.py and memory_per_image.py)."""
+memory a step holds (projects/mst_research/tools/benchmark.py and memory_per_image.py)."""
 import copy
 import inspect
 import os.path as osp

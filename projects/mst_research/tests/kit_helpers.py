@@ -48,7 +48,7 @@ def scalars(work_dir, all_runs: bool = False) -> list:
 
 
 def mean_std(values: List[float], digits: int = 1) -> str:
-    """tools/evidence.py's cell: the mean, and the sample std when there are several runs."""
+    """The evidence tool's cell: the mean, and the sample std when there are several runs."""
     if len(values) == 1:
         return f'{values[0]:.{digits}f}'
     return f'{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}'

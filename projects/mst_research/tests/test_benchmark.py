@@ -1,4 +1,4 @@
-"""tools/analysis/benchmark.py and the kit's modules behind it (mst_research.bench,
+"""projects/mst_research/tools/benchmark.py and the kit's modules behind it (mst_research.bench,
 step_cost, dino_reference): the interleaved timing, the ratios and their spread, the FLOP
 count, the reference DINO step built from a DINO clone, and the rows docs/benchmarks.md quotes.
 
@@ -33,7 +33,7 @@ KNOWN_USAGE = [dict(user=0.9, system=0.2, minor_faults=300),
 
 @pytest.fixture(scope='module')
 def tool():
-    return load_tool('tools/analysis/benchmark.py')
+    return load_tool('projects/mst_research/tools/benchmark.py')
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""tools/analysis/benchmark_loader.py and mst_research.loader_speed: the per-image worker
+"""The kit's tools/benchmark_loader.py and mst_research.loader_speed: the per-image worker
 pipelines and the figures' keys."""
 import json
 from pathlib import Path
@@ -27,7 +27,7 @@ def test_the_worker_pipeline_only_cuts_while_the_old_one_augments(tmp_path):
 
 def test_one_quick_run_writes_every_figure(tmp_path):
     out = tmp_path / 'loader.json'
-    tool = load_tool('tools/analysis/benchmark_loader.py')
+    tool = load_tool('projects/mst_research/tools/benchmark_loader.py')
     tool.main(['--images', '2', '--repeats', '1', '--batch-size', '2', '--device', 'cpu',
                '--workers', '0', '--batches', '1', '--photos', str(tmp_path / 'photos'),
                '--out', str(out)])
@@ -40,7 +40,7 @@ def test_one_quick_run_writes_every_figure(tmp_path):
 
 def test_the_docs_and_readme_give_the_committed_runs_figures():
     runs = sorted((REPO_PATH / 'docs/results/loader_speed').glob('*.json'))
-    assert runs, 'no committed run of tools/analysis/benchmark_loader.py'
+    assert runs, 'no committed run of projects/mst_research/tools/benchmark_loader.py'
     docs = (REPO_PATH / 'docs/benchmarks.md').read_text()
     readme = (REPO_PATH / 'README.md').read_text()
     lows, highs = [], []

@@ -1,6 +1,7 @@
-"""tools/check_gpu.py (mst_research.gpu_check), its wrapper tools/check_gpu.sh and
-tools/collect_device_wheels.sh without a GPU: the check's dry run (every step's CPU part at
-tiny sizes) writes a report with every section, its argument checks refuse bad input with
+"""The kit's tools/check_gpu.py (mst_research.gpu_check), its wrapper check_gpu.sh and the
+repository's tools/collect_device_wheels.sh without a GPU: the check's dry run (every step's
+CPU part at tiny sizes) writes a report with every section, its argument checks refuse bad input
+with
 status 2, and the wheels for an air-gapped GPU node stay small."""
 import os
 import re
@@ -10,21 +11,17 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
+from kit_helpers import REPO, stand_in_dino
 
-from tests.helpers import REPO, load_tool
-
-# The research kit's stand-in DINO clone, read from its tests' helpers: this check is the kit's
-# (mst_research.gpu_check), and its test lives here only as long as tools/check_gpu.* does.
-stand_in_dino = load_tool('projects/mst_research/tests/kit_helpers.py').stand_in_dino
-
-CHECK = [sys.executable, REPO / 'tools' / 'check_gpu.py']
-WRAPPER = REPO / 'tools' / 'check_gpu.sh'
+CHECK = [sys.executable, REPO / 'projects' / 'mst_research' / 'tools' / 'check_gpu.py']
+WRAPPER = REPO / 'projects' / 'mst_research' / 'tools' / 'check_gpu.sh'
 COLLECT = REPO / 'tools' / 'collect_device_wheels.sh'
 SECTIONS = ('## 1. Stack', '## 2. CUDA tests: pytest -m cuda tests/test_cuda.py',
             "## 3. DeiT-S step against DINO's reference step",
             '## 4. Data loader against the step',
             '## 5. Learning run: the evidence recipe with the k-NN probe', '## Summary')
-# A stand-in for tools/analysis/benchmark_loader.py (another tool, timed on the GPU): the
+# A stand-in for the kit's tools/benchmark_loader.py (another tool, timed on the GPU): the
 # check needs only its command line and the layout of its JSON.
 STAND_IN_LOADER = '''
 import argparse, json
@@ -164,3 +161,13 @@ def test_device_wheels_stay_small_and_install_for_python_3_12(tmp_path):
         assert any(t.interpreter in ('py3', 'py2.py3', 'cp312') or t.abi == 'abi3'
                    for t in tags), wheel.name
         assert all(t.platform in ('any',) or 'x86_64' in t.platform for t in tags), wheel.name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='on a GPU it runs the whole GPU check')
+def test_check_gpu_sh_on_a_machine_without_cuda_says_so_and_exits_cleanly(tmp_path):
+    report = tmp_path / 'report.md'
+    result = subprocess.run(['bash', str(WRAPPER), str(report)],
+                            capture_output=True, text=True, timeout=120,
+                            env=dict(os.environ, PYTHON=sys.executable))
+    assert result.returncode == 0, result.stderr
+    assert 'no CUDA device' in result.stdout and not report.exists()

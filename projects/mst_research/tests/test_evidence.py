@@ -1,5 +1,5 @@
-"""tools/evidence.py end to end on a few real silhouettes: the rows, the summary's keys, the
-k-NN probe curve and the resume-by-skipping of finished units."""
+"""The kit's tools/evidence.py end to end on a few real silhouettes: the rows, the summary's
+keys, the k-NN probe curve and the resume-by-skipping of finished units."""
 import json
 import math
 import os
@@ -57,7 +57,7 @@ def hand_probe(evidence, checkpoint: str, data_root):
 
 @pytest.fixture(scope='module')
 def evidence():
-    return load_tool('tools/evidence.py')
+    return load_tool('projects/mst_research/tools/evidence.py')
 
 
 @pytest.mark.slow

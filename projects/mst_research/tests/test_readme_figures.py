@@ -70,8 +70,9 @@ def speed_lines() -> List[str]:
         f"{span([r['dino: this / baseline images/s']['median'] for r in recipe])}x (DINO) and "
         f"{span([r['mst_guided_mask: this / baseline images/s']['median'] for r in recipe])}x "
         '(MST) the images/s of the per-image views it replaced.',
-        '- **GPU**: no run exists yet; `bash tools/check_gpu.sh` measures our step against '
-        "DINO's at batch 128 in mixed precision, its peak memory and the loader. Measured on "
+        '- **GPU**: no run exists yet; `bash projects/mst_research/tools/check_gpu.sh` measures '
+        "our step against DINO's at batch 128 in mixed precision, its peak memory and the "
+        "loader. Measured on "
         f"the CPU in float32, a DeiT-S step holds {memory['mib_per_image']:.0f} MiB per image.",
     ]
 

@@ -1,8 +1,8 @@
 """What MST costs over DINO, and how our training step compares with the original DINO code.
 
-    python tools/analysis/benchmark.py [--models tiny deit-s swin-t CONFIG.py ...]
-    python tools/analysis/benchmark.py --models deit-s --prototype-precision bfloat16
-    python tools/analysis/benchmark.py --reference-dino /path/to/dino [--dtypes ...]
+    python projects/mst_research/tools/benchmark.py [--models tiny deit-s swin-t CONFIG.py ...]
+    python projects/mst_research/tools/benchmark.py --models deit-s --prototype-precision bfloat16
+    python projects/mst_research/tools/benchmark.py --reference-dino /path/to/dino [--dtypes ...]
 
 Per model: (a) the MST step against DINO mode's and MST's with the mask only, (b) the
 teacher's forward with and without its CLS attention, (c) the decoder's share of the step
@@ -90,7 +90,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     load = bench.load_per_core()  # before the first timing: what else the machine was doing
     print('1-minute load average per core before timing: '
           + ('unknown' if load is None else f'{load:.2f}'), flush=True)
-    results = dict(bench.run_record('tools/analysis/benchmark.py', argv, load),
+    results = dict(bench.run_record('projects/mst_research/tools/benchmark.py', argv, load),
                    device=args.device, repeats=args.repeats, peak_tflops=args.peak_tflops,
                    models={})
     logger = MMLogger.get_current_instance()

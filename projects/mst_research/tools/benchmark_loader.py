@@ -1,8 +1,9 @@
 """What the 224-px pretraining input costs: a data worker's CPU time per image against DINO's
 reference pipeline, the batched device-side part, and the loader's images/s with N workers.
 
-    python tools/analysis/benchmark_loader.py --reference-dino /path/to/dino
-    python tools/analysis/benchmark_loader.py --workers 8 15 --batch-size 128   # a GPU node
+    python projects/mst_research/tools/benchmark_loader.py --reference-dino /path/to/dino
+    # a GPU node
+    python projects/mst_research/tools/benchmark_loader.py --workers 8 15 --batch-size 128
 
 ``mst_research.loader_speed`` says what is timed, docs/benchmarks.md what every figure means.
 """
@@ -49,7 +50,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     cfg = Config.fromfile(args.config)
     needed = max(args.images, args.batch_size * (args.batches + 1) if args.workers else 0)
     paths = loader_speed.write_photos(args.photos, needed)
-    results = dict(bench.run_record('tools/analysis/benchmark_loader.py', argv,
+    results = dict(bench.run_record('projects/mst_research/tools/benchmark_loader.py', argv,
                                     bench.load_per_core()), photo_size=loader_speed.PHOTO_SIZE)
     torch.set_num_threads(1)  # as in a DataLoader worker
     cv2.setNumThreads(0)      # as mmengine's env_cfg sets in workers (opencv_num_threads=0)

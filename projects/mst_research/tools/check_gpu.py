@@ -2,7 +2,8 @@
 2. pytest -m cuda tests/test_cuda.py, 3. our DeiT-S step against DINO's, 4. the data loader
 against the step, 5. a short learning run of the evidence recipe with its k-NN probe.
 
-    bash tools/check_gpu.sh [--report FILE] [--wheels DIR] [--dino DIR] [--dry-run] ...
+    bash projects/mst_research/tools/check_gpu.sh [--report FILE] [--wheels DIR] [--dino DIR] \
+        [--dry-run] ...
 
 The wrapper picks the interpreter ($PYTHON) and puts the repository and mst_research on
 PYTHONPATH. Also read: $CHECK_GPU_SCRATCH (data, installed wheels), $CHECK_GPU_EPOCHS (default
@@ -64,7 +65,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args.scratch = env('CHECK_GPU_SCRATCH', osp.join(tempfile.gettempdir(), 'mst_mm_check_gpu'))
     args.epochs = int(env('CHECK_GPU_EPOCHS', 6))
     args.all_cuda_tests = env('CHECK_GPU_ALL_CUDA_TESTS') == '1'
-    args.loader_tool = env('CHECK_GPU_LOADER_TOOL', 'tools/analysis/benchmark_loader.py')
+    args.loader_tool = env('CHECK_GPU_LOADER_TOOL',
+                           'projects/mst_research/tools/benchmark_loader.py')
     return args
 
 

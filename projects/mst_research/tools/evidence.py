@@ -12,11 +12,14 @@ and the supervised ceiling, and measures where their attention and the guided ma
 ``OUT/results`` and skipped by a rerun, and a cut pretraining resumes (``mst_research.runs``).
 docs/evidence.md says what the runs show.
 
-    python tools/evidence.py [--quick] [--out work_dirs/evidence]
-    python tools/evidence.py --only mst_guided_mask:1     # one row: pretraining, probes, guidance
-    python tools/evidence.py --validation --only dino:10 --cfg-options ...   # a recipe candidate
-    python tools/evidence.py --config CONFIG --from-checkpoints docs/results/evidence_50e
-        # the committed run's probes again, from its teacher backbones, without pretraining
+    python projects/mst_research/tools/evidence.py [--quick] [--out work_dirs/evidence]
+    # one row: pretraining, probes, guidance
+    python projects/mst_research/tools/evidence.py --only mst_guided_mask:1
+    # a recipe candidate
+    python projects/mst_research/tools/evidence.py --validation --only dino:10 --cfg-options ...
+    # the committed run's probes again, from its teacher backbones, without pretraining
+    python projects/mst_research/tools/evidence.py --config CONFIG \
+        --from-checkpoints docs/results/evidence_50e
 """
 import argparse
 import os

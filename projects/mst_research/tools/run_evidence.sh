@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The evidence run (tools/evidence.py): MST against its baselines on rendered animal
+# The evidence run (projects/mst_research/tools/evidence.py): MST against its baselines on rendered animal
 # silhouettes, the guided mask against the objects' pixel masks, and Mask R-CNN / SETR
 # transfer, on a CPU. Sets up .venv (idempotent; mmcv with ops, which mmdet and mmseg need).
 #   bash projects/mst_research/tools/run_evidence.sh [--quick] [--out DIR] [--only VARIANT:SEED]
@@ -10,4 +10,4 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 bash "$ROOT/tools/setup_env.sh" --ops
 cd "$ROOT"
-exec "$ROOT/.venv/bin/python" tools/evidence.py "$@"
+exec "$ROOT/.venv/bin/python" projects/mst_research/tools/evidence.py "$@"

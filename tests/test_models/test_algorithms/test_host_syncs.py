@@ -364,8 +364,8 @@ def test_the_step_check_fails_on_a_planted_tensor(deit_s_step, monkeypatch):
     with PythonDataTensors() as counter:
         model.train_step(batch, optim_wrapper)
     stages = len(model.decoder_head.channels)  # one 2x upsampling per stage
-    assert counter.made.count(('new_tensor', 'tests/test_models/test_algorithms/test_host_syncs.py', 'planted_upsample')) \
-        == stages > 0
+    this_file = 'tests/test_models/test_algorithms/test_host_syncs.py'
+    assert counter.made.count(('new_tensor', this_file, 'planted_upsample')) == stages > 0
     swaps = [made for made in counter.made if made[0] == 'list index']
     assert len(swaps) == len(batch['inputs'])
     assert {path for _, path, _ in swaps} == {'mmpretrain/models/utils/data_preprocessor.py'}

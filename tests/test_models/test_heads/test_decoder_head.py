@@ -11,7 +11,8 @@ def test_four_stages_reach_full_resolution():
     head = ImageDecoderHead(in_channels=24, channels=(16, 8, 8, 4))
     out = head(torch.randn(2, 24, 14, 14))
     assert out.shape == (2, 3, 224, 224)
-    # Four 2x stages (each upsamples inside its fused convolution: tests/test_models/test_algorithms/test_step_speedups.py)
+    # Four 2x stages (each upsamples inside its fused convolution:
+    # tests/test_models/test_algorithms/test_step_speedups.py)
     assert sum(isinstance(m, Upsample2xConvModule) for m in head.modules()) == 4
     assert sum(isinstance(m, nn.BatchNorm2d) for m in head.modules()) == 4
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / 'README.md'
 KIT = REPO / 'projects' / 'mst_research'
 DOC_FILES = sorted([README, *(REPO / 'docs').glob('*.md'), *(REPO / 'configs').rglob('README.md'),

@@ -1,7 +1,7 @@
 """What the documents name exists and agrees: tools' flags, files, paper numbers.
 
 Checked in README.md, docs/*.md, the configs' READMEs and the research kit's README
-(tests/test_docs.py's list):
+(tests/test_repository/test_docs.py's list):
 
 - every ``--flag`` written after a ``tools/...py`` or ``tools/...sh`` command (the plugin's
   or the kit's ``projects/mst_research/tools/``), in a code block
@@ -24,7 +24,7 @@ from unittest import mock
 import pytest
 
 from tests.helpers import load_tool
-from tests.test_docs import DOC_FILES, FENCE, REPO, doc_id
+from tests.test_repository.test_docs import DOC_FILES, FENCE, REPO, doc_id
 
 # The plugin's tools (tools/) and the research kit's (projects/mst_research/tools/).
 TOOL_FOLDERS = (REPO / 'tools', REPO / 'projects' / 'mst_research' / 'tools')
@@ -213,7 +213,7 @@ def test_the_checks_catch_undocumented_and_hidden_flags(tmp_path):
         'python tools/train.py CONFIG --resume --no-such-flag  # --comment-flag\n'
         'bash tools/dist_train.sh CONFIG 8 --resume \\\n'
         '    --work-dir w --bogus\n'
-        'python tools/evidence.py --quick --units a,b\n'
+        'python projects/mst_research/tools/evidence.py --quick --units a,b\n'
         'bash tools/setup_env.sh --ops --nope && python tools/test.py C K --out r.pkl\n'
         'python -m pytest --anything && bash tools/run_tests.sh -x --lf\n'
         '```\n'
@@ -223,7 +223,7 @@ def test_the_checks_catch_undocumented_and_hidden_flags(tmp_path):
     assert sorted(flag_problems(doc)) == sorted([
         'line 2: tools/train.py has no flag --no-such-flag',
         'line 3: tools/dist_train.sh has no flag --bogus',
-        'line 5: tools/evidence.py --units is a hidden (internal) flag',
+        'line 5: projects/mst_research/tools/evidence.py --units is a hidden (internal) flag',
         'line 6: tools/setup_env.sh has no flag --nope',
         'line 9: tools/analysis/knn_eval.py --local-rank is a hidden (internal) flag',
         'line 10: projects/mst_research/tools/write_animal_shapes.py has no flag --size'])

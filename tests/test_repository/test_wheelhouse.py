@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STACK_CHECK = REPO / 'tools' / 'stack_check.py'
 
 SETUP = REPO / 'tools' / 'setup_env.sh'
