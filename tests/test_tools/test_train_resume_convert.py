@@ -1,10 +1,12 @@
 """A short ``tools/train.py`` run that saves, resumes and converts its checkpoint: the user's
 path through every checkpoint load, in the fast tier, so that CI runs it on each stack it
 tests (torch 2.13, numpy 2, torch 2.1)."""
+import math
+
 import torch
 
 from mst_mm.engine import read_checkpoint
-from tests.helpers import DEMO_CONFIG, load_tool, make_image_folder
+from tests.helpers import DEMO_CONFIG, load_tool, make_image_folder, scalars
 
 
 def test_a_short_run_saves_resumes_and_converts_its_checkpoint(tmp_path):
@@ -12,7 +14,7 @@ def test_a_short_run_saves_resumes_and_converts_its_checkpoint(tmp_path):
     work_dir = tmp_path / 'work'
     train = load_tool('tools/train.py')
 
-    def run(epochs: int, *extra: str) -> None:
+    def run(epochs: int, *extra: str, work_dir=work_dir) -> None:
         train.main([DEMO_CONFIG, '--work-dir', str(work_dir), *extra, '--cfg-options',
                     f'train_dataloader.dataset.data_root={data_root}',
                     'train_dataloader.batch_size=4', 'train_dataloader.num_workers=0',
@@ -30,6 +32,17 @@ def test_a_short_run_saves_resumes_and_converts_its_checkpoint(tmp_path):
     moved = [key for key, value in resumed['state_dict'].items()
              if value.is_floating_point() and not torch.equal(value, first['state_dict'][key])]
     assert any(key.startswith('backbone.') for key in moved)
+    # The resumed run trained epoch 2 alone, as the uninterrupted run did: the same learning
+    # rates (schedulers resumed) and losses (weights, optimiser moments and random streams;
+    # up to float rounding, as both run in this one process: test_resume.py's are exact).
+    run(2, work_dir=tmp_path / 'uninterrupted')
+    logged = {name: {line['iter']: (line['lr'], line['loss']) for line in scalars(path)
+                     if 'loss' in line}
+              for name, path in [('resumed', work_dir), ('whole', tmp_path / 'uninterrupted')]}
+    assert sorted(logged['resumed']) == [3, 4] and sorted(logged['whole']) == [1, 2, 3, 4]
+    assert all(logged['resumed'][i][0] == logged['whole'][i][0]
+               and math.isclose(logged['resumed'][i][1], logged['whole'][i][1], rel_tol=1e-6)
+               for i in (3, 4)), logged
 
     out = tmp_path / 'backbone.pth'
     load_tool('tools/model_converters/mst2downstream.py').main(
