@@ -23,6 +23,7 @@ from mst_mm.converters import load_model
 from mst_mm.visualization import draw_rows, load_image, mst_picture_row, render_rows
 from mst_mm.visualization.mst_pictures import column_titles
 
+from .bench import git_commit
 from .data import write_json
 from .patch_probe import probe_settings
 from .recipes import KNN_K, TRANSFER_FROM, TRANSFER_TARGETS, VARIANTS, pretrain_config
@@ -251,7 +252,10 @@ def format_table(summary: dict, seeds: Dict[str, int]) -> str:
 
 
 def write_summary(summary: dict, seeds: Dict[str, int], out: str) -> str:
-    """Write ``OUT/summary.json`` and ``OUT/evidence_table.md``; the table."""
+    """Write ``OUT/summary.json``, with the commit that wrote it and the seeds of each row
+    added to ``summary`` (its lists are in seed order), and ``OUT/evidence_table.md``; the
+    table."""
+    summary.update(commit=git_commit(), seeds={row: list(range(n)) for row, n in seeds.items()})
     write_json(osp.join(out, 'summary.json'), summary)
     table = format_table(summary, seeds)
     with open(osp.join(out, 'evidence_table.md'), 'w') as f:

@@ -4,6 +4,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -74,7 +75,11 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
     assert summary == json.loads((out / 'summary.json').read_text())
     assert set(summary) == {'ln_k', 'image_views_per_run', 'knn_top1', 'linear_top1',
                             'patch_probe_miou', 'patch_probe_pixel_miou', 'patch_probe_settings',
-                            'last_loss_dino', 'knn_probe', 'guidance', 'transfer'}
+                            'last_loss_dino', 'knn_probe', 'guidance', 'transfer', 'commit',
+                            'seeds'}
+    assert summary['seeds']['dino'] == [0, 1] and summary['commit'].startswith(
+        subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=REPO, capture_output=True,
+                       text=True).stdout.strip())
     assert summary['image_views_per_run'] == 1 * 10 * 3   # one epoch of 3 images a class
     assert summary['transfer'] is None
     assert summary['ln_k'] == pytest.approx(math.log(1024))
