@@ -19,6 +19,7 @@ opcode is refused. :func:`check_structure` bounds what torch's own loader would 
 """
 import _compat_pickle
 import codecs
+import math
 import pickletools
 import re
 import zipfile
@@ -145,10 +146,8 @@ class _Reader:
         self.check(len(size) == len(stride), 'a tensor whose sizes and strides differ in length')
         extent = offset + sum((n - 1) * s for n, s in zip(size, stride)) + 1
         self.check(0 in size or extent <= data.numel(), 'a tensor reaching past its storage')
-        numel = 1
-        for n in size:
-            numel *= n
-        self.check(numel <= max(data.numel(), 1), 'a tensor of more elements than its storage')
+        self.check(math.prod(size) <= max(data.numel(), 1),
+                   'a tensor of more elements than its storage')
         tensor = data.as_strided(size, stride, offset)
         return tensor if self.device is None else tensor.to(self.device)
 
@@ -376,10 +375,11 @@ def check_structure(data: bytes) -> None:
         return
 
 
-def read_foreign_pickle(archive: zipfile.ZipFile, pickle_name: str,
+def read_foreign_pickle(archive: zipfile.ZipFile, pickle_name: str, data: bytes,
                         device: Optional[torch.device] = None) -> Any:
-    """The object in ``pickle_name`` of a torch zip ``archive`` (checked by the caller:
-    stored entries, bounded sizes), as plain data and plain forms; tensors on ``device``."""
+    """The object in ``data``, the pickle ``pickle_name`` of a torch zip ``archive`` (checked
+    by the caller: stored entries, bounded sizes, read once), as plain data and plain forms;
+    tensors on ``device``."""
     prefix = pickle_name[:-len('data.pkl')]
     names = set(archive.namelist())
 
@@ -394,4 +394,4 @@ def read_foreign_pickle(archive: zipfile.ZipFile, pickle_name: str,
         return torch.frombuffer(bytearray(archive.read(record)), dtype=dtype) if numel else \
             torch.empty(0, dtype=dtype)
 
-    return _Reader(storage, device).load(archive.read(pickle_name))
+    return _Reader(storage, device).load(data)

@@ -78,21 +78,22 @@ def read_checkpoint(filename: str, map_location: Union[None, str, torch.device] 
         except pickle.UnpicklingError:  # torch's allow-list refuses it: a foreign file
             device = None if map_location is None else torch.device(map_location)
             try:
-                loaded = read_foreign_pickle(archive, pickle_name, device)
+                loaded = read_foreign_pickle(archive, pickle_name, data, device)
             except ForeignPickleError as error:
                 raise CheckpointError(
                     f'Refusing to load {filename}: its pickle asks for {error.what}, which '
                     'no checkpoint of weights holds. Loading it could run code hidden in '
                     'the file: use a checkpoint you trust.') from None
             except Exception as error:  # torch refused a tensor our bounds allowed, say
-                raise CheckpointError(f'Cannot read checkpoint {filename}: it is corrupted '
-                                      f'({type(error).__name__}: {str(error)[:200]}). '
-                                      f'{_RETRY}') from None
+                raise _corrupted(filename, error) from None
         except Exception as error:  # torch reads what zipfile accepted, and disagrees
-            raise CheckpointError(f'Cannot read checkpoint {filename}: it is corrupted '
-                                  f'({type(error).__name__}: {str(error)[:200]}). '
-                                  f'{_RETRY}') from None
+            raise _corrupted(filename, error) from None
     return from_plain(loaded, filename)
+
+
+def _corrupted(filename: str, error: Exception) -> CheckpointError:
+    return CheckpointError(f'Cannot read checkpoint {filename}: it is corrupted '
+                           f'({type(error).__name__}: {str(error)[:200]}). {_RETRY}')
 
 
 class _open_archive:

@@ -122,7 +122,7 @@ def foreign_read(path: str):
     """The foreign-pickle reader called directly, whatever torch's loader would say."""
     with zipfile.ZipFile(path) as archive:
         name = next(n for n in archive.namelist() if n.endswith('/data.pkl'))
-        return foreign_pickle.read_foreign_pickle(archive, name)
+        return foreign_pickle.read_foreign_pickle(archive, name, archive.read(name))
 
 
 # -- the corpus: code execution -----------------------------------------------------------
