@@ -231,6 +231,25 @@ def test_a_numpy_dtype_is_never_given_an_object_field(tmp_path, loaders, state):
     refused(path, loaders, ['torch', 'foreign'], 'numpy')
 
 
+@pytest.mark.parametrize('state', ['odd_fields', 'built_twice', 'namespace_key'])
+def test_an_allowed_class_built_oddly_is_refused(tmp_path, loaders, state):
+    """HistoryBuffer and Namespace are allowed names; what a BUILD hands them is still checked:
+    fields of the wrong kind, a second BUILD, an attribute name that is no string."""
+    buffer = (glob('mmengine.logging.history_buffer', 'HistoryBuffer') + pickle.EMPTY_TUPLE
+              + pickle.NEWOBJ)
+    odd = (pickle.EMPTY_DICT + text('_log_history') + pickle.EMPTY_LIST + pickle.SETITEM
+           + text('_count_history') + pickle.EMPTY_LIST + pickle.SETITEM + text('max_length')
+           + text('all') + pickle.SETITEM + pickle.BUILD)
+    body = {'odd_fields': buffer + odd,
+            'built_twice': buffer + odd + pickle.EMPTY_DICT + pickle.BUILD,
+            'namespace_key': glob('argparse', 'Namespace') + pickle.EMPTY_TUPLE + pickle.NEWOBJ
+            + pickle.EMPTY_DICT + integer(1) + text('x') + pickle.SETITEM + pickle.BUILD}[state]
+    path = torch_zip(tmp_path / 'odd.pth', pickled(body))
+    refused(path, loaders, ['torch', 'foreign'],
+            {'odd_fields': r'\(log_history\) is not a stored numpy array',
+             'built_twice': 'BUILD on a dict', 'namespace_key': 'argparse.Namespace state'}[state])
+
+
 def test_a_tensor_past_its_storage_is_refused(tmp_path, loaders):
     path = torch_zip(tmp_path / 'past.pth', pickled(storage_tensor('0', 4, 8)),
                      {'0': b'\0' * 16})
