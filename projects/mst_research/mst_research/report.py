@@ -25,7 +25,7 @@ from mst_mm.visualization.mst_pictures import column_titles
 
 from .bench import git_commit
 from .data import write_json
-from .patch_probe import probe_settings
+from .patch_probe import load_frozen_backbone, probe_settings
 from .recipes import KNN_K, TRANSFER_FROM, TRANSFER_TARGETS, VARIANTS, pretrain_config
 
 matplotlib.use('Agg')   # pictures go to files: no display needed
@@ -50,12 +50,25 @@ def read_scalars(work_dir: str, all_runs: bool = False) -> List[dict]:
     return rows
 
 
+def epoch_means(scalars: List[dict]) -> List[dict]:
+    """Each epoch's mean of :data:`CURVE_KEYS` over its logged training rows (from
+    :func:`read_scalars`): a run's curves small enough to keep in its row and commit."""
+    by_epoch: Dict[int, List[dict]] = {}
+    for row in scalars:
+        if 'epoch' in row:
+            by_epoch.setdefault(row['epoch'], []).append(row)
+    return [dict(epoch=epoch, **{key: round(statistics.fmean(r[key] for r in rows), 4)
+                                 for key in CURVE_KEYS if all(key in r for r in rows)})
+            for epoch, rows in sorted(by_epoch.items())]
+
+
 def plot_dino_curves(runs: Dict[str, List[List[dict]]], num_prototypes: int,
-                     out_file: str, title: str = '') -> str:
+                     out_file: str, title: str = '', xlabel: str = 'iteration') -> str:
     """Write ``out_file``, a PNG of three panels: ``loss_dino``, teacher entropy and
     teacher-student KL against the iteration, one colour per variant and one line per seed
     (``runs``: variant -> the :func:`read_scalars` rows of each seed), ln K drawn in; and a
-    fourth with the k-NN probe's top-1 when a run logged it (``KNNProbeHook``)."""
+    fourth with the k-NN probe's top-1 when a run logged it (``KNNProbeHook``). The x axis
+    is each row's ``iter`` (else ``step``), named ``xlabel``."""
     log_k = math.log(num_prototypes)
     probe_keys = sorted({key for seed_runs in runs.values() for rows in seed_runs
                          for row in rows for key in row if key.startswith(PROBE_PREFIX)})
@@ -82,7 +95,7 @@ def plot_dino_curves(runs: Dict[str, List[List[dict]]], num_prototypes: int,
         if key in ('loss_dino', 'teacher_entropy'):
             ax.axhline(log_k, color='black', linestyle='--', linewidth=1,
                        label=f'ln K = {log_k:.3f}')
-        ax.set(title=labels[key], xlabel='iteration')
+        ax.set(title=labels[key], xlabel=xlabel)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     if title:
@@ -251,11 +264,13 @@ def format_table(summary: dict, seeds: Dict[str, int]) -> str:
     return '\n'.join(lines)
 
 
-def write_summary(summary: dict, seeds: Dict[str, int], out: str) -> str:
-    """Write ``OUT/summary.json``, with the commit that wrote it and the seeds of each row
-    added to ``summary`` (its lists are in seed order), and ``OUT/evidence_table.md``; the
-    table."""
-    summary.update(commit=git_commit(), seeds={row: list(range(n)) for row, n in seeds.items()})
+def write_summary(summary: dict, seeds: Dict[str, int], out: str,
+                  commit: Optional[str] = None) -> str:
+    """Write ``OUT/summary.json``, with the ``commit`` that wrote it (default: the
+    checkout's now) and the seeds of each row added to ``summary`` (its lists are in seed
+    order), and ``OUT/evidence_table.md``; the table."""
+    summary.update(commit=commit or git_commit(),
+                   seeds={row: list(range(n)) for row, n in seeds.items()})
     write_json(osp.join(out, 'summary.json'), summary)
     table = format_table(summary, seeds)
     with open(osp.join(out, 'evidence_table.md'), 'w') as f:
@@ -264,35 +279,52 @@ def write_summary(summary: dict, seeds: Dict[str, int], out: str) -> str:
 
 
 def guided_model(schedule: dict, data_root: str, out: str,
-                 checkpoint: Optional[str] = None) -> nn.Module:
+                 checkpoint: Optional[str] = None, backbone: Optional[str] = None) -> nn.Module:
     """The MST-guided model of seed 0 as this code names it (not as the run's dumped config
     does, which keeps the registry names of the code that trained it), with ``checkpoint``'s
-    weights (None: as initialised with seed 0)."""
+    weights (None: as initialised with seed 0), or with a teacher ``backbone`` alone (as
+    ``mst2downstream.py --target mmpretrain`` writes it; the decoder stays untrained)."""
     cfg = pretrain_config(schedule['config'], 'mst_guided_mask', 0, dict(schedule, epochs=1),
                           data_root, out, probe=False)
-    return load_model(cfg, checkpoint, 0)
+    model = load_model(cfg, checkpoint, 0)
+    if backbone is not None:
+        model.teacher.module[0] = load_frozen_backbone(cfg.model.backbone, backbone)
+    return model
+
+
+def curve_rows(row: dict) -> List[dict]:
+    """A pretraining row's epoch curves and k-NN probe as :func:`plot_dino_curves` rows, by
+    epoch."""
+    return [dict(curve, iter=curve['epoch']) for curve in row['curves']] + [
+        {'step': epoch, f'{PROBE_PREFIX}{KNN_K}': top1} for epoch, top1 in row['knn_probe']]
 
 
 def write_pictures(rows: Dict[str, List[dict]], summary: dict, schedule: dict, out: str,
                    data_root: str) -> List[str]:
-    """The training curves of every seed, the guidance by epoch and, with an MST-guided row,
-    its seed 0's pictures and the evidence figure, under ``OUT/pictures``."""
+    """The training curves of every seed (by epoch), the guidance by epoch and, with an
+    MST-guided row, its seed 0's pictures and the evidence figure, under ``OUT/pictures``.
+    A row committed as a part (:class:`~mst_research.runs.Store`) holds its teacher backbone
+    only: its pictures show no reconstruction."""
     pictures = osp.join(out, 'pictures')
     os.makedirs(pictures, exist_ok=True)
-    curves = {v: [read_scalars(osp.dirname(r["checkpoint"]), all_runs=True) for r in runs]
-              for v, runs in rows.items()}
-    written = [plot_dino_curves(curves, round(math.exp(summary['ln_k'])),
+    written = [plot_dino_curves({v: [curve_rows(r) for r in runs] for v, runs in rows.items()},
+                                round(math.exp(summary['ln_k'])),
                                 osp.join(pictures, 'pretraining_curves.png'),
-                                title='evidence pretraining, every seed')]
+                                title='evidence pretraining, every seed (epoch means)',
+                                xlabel='epoch')]
     written.append(plot_guidance_by_epoch(rows, summary['guidance']['object_area_share'],
                                           osp.join(pictures, 'guidance_by_epoch.png')))
     if rows.get('mst_guided_mask'):
-        model = guided_model(schedule, data_root, out, rows['mst_guided_mask'][0]['checkpoint'])
+        guided = rows['mst_guided_mask'][0]
+        model = guided_model(schedule, data_root, out, guided.get('checkpoint'),
+                             guided.get('backbone'))
+        reconstruct = 'checkpoint' in guided
         images = class_examples(data_root)
         written.append(osp.join(pictures, 'mst_pictures.png'))
-        mmcv.imwrite(mmcv.rgb2bgr(render_rows(picture_rows(model, images))), written[-1])
+        mmcv.imwrite(mmcv.rgb2bgr(render_rows(picture_rows(model, images, reconstruct))),
+                     written[-1])
         written.append(evidence_figure(model, summary, images,
-                                       osp.join(pictures, 'evidence.png')))
+                                       osp.join(pictures, 'evidence.png'), reconstruct))
     return written
 
 

@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import os.path as osp
+import shutil
 import subprocess
 import sys
 from typing import Callable, List, Optional, Tuple
@@ -13,9 +14,10 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from mmengine.config import Config
 
-from mst_mm.converters import load_model
+from mst_mm.converters import backbone_state, load_model
 
 from . import REPO, recipes, report
+from .bench import git_commit
 from .data import write_json
 from .patch_probe import load_frozen_backbone
 from .probes import Probe, teacher_of
@@ -24,14 +26,29 @@ from .transfer import finetune
 
 
 class Store:
-    """One JSON file per finished unit under ``OUT/results``: a rerun skips it."""
+    """One JSON file per finished unit under ``OUT/results``: a rerun skips it.
 
-    def __init__(self, out: str) -> None:
+    With ``parts``, a folder to commit, the run goes on from what was committed, on any
+    machine: each pretraining or supervised unit that finishes is also written there, as its
+    row (``PARTS/results/NAME.json``, with its ``seed``, the ``commit`` whose code ran it and
+    its ``backbone``'s path in PARTS) and its teacher backbone (``PARTS/checkpoints/NAME.pth``,
+    as ``mst2downstream.py --target mmpretrain`` writes it; the student's for the supervised
+    row), and a unit found there is taken as finished."""
+
+    def __init__(self, out: str, parts: Optional[str] = None) -> None:
         self.root = osp.join(out, 'results')
         os.makedirs(self.root, exist_ok=True)
+        self.parts = parts
+        self.commit = git_commit()   # of the code this process loaded, not of a later edit
 
     def path(self, name: str) -> str:
         return osp.join(self.root, f'{name}.json')
+
+    def part(self, name: str, kind: str = 'results') -> str:
+        return osp.join(self.parts, kind, f"{name}.{'json' if kind == 'results' else 'pth'}")
+
+    def finished(self, name: str) -> bool:
+        return osp.isfile(self.path(name)) or bool(self.parts and osp.isfile(self.part(name)))
 
     def load(self, name: str) -> dict:
         if not osp.isfile(self.path(name)):
@@ -45,11 +62,31 @@ class Store:
         """The stored unit, or ``compute()`` stored; ``complete(value)`` returns the keys
         that a unit stored by older code lacks (e.g. the patch probe), computed from the
         unit's checkpoint and stored beside the others, so a rerun does not pretrain again."""
+        if not osp.isfile(self.path(name)) and self.parts and osp.isfile(self.part(name)):
+            with open(self.part(name)) as f:
+                row = json.load(f)
+            write_json(self.path(name), dict(row, backbone=osp.join(self.parts, row['backbone'])))
         if not osp.isfile(self.path(name)):
             return write_json(self.path(name), compute())
         value = self.load(name)
         extra = complete(value) if complete is not None else {}
         return write_json(self.path(name), dict(value, **extra)) if extra else value
+
+    def commit_part(self, name: str, seed: int, row: dict, weights: str = 'teacher') -> dict:
+        """With ``parts``: ``row`` and the backbone of its training checkpoint into the
+        parts folder (see the class); returns ``row``."""
+        if self.parts:
+            backbone = self.part(name, 'checkpoints')
+            for kind in ('checkpoints', 'results'):
+                os.makedirs(osp.join(self.parts, kind), exist_ok=True)
+            meta = dict(source=f'{name}/{osp.basename(row["checkpoint"])}', weights=weights,
+                        target='mmpretrain')
+            torch.save(dict(state_dict=backbone_state(row['checkpoint'], weights), meta=meta),
+                       backbone)
+            part = {k: v for k, v in row.items() if k != 'checkpoint'}
+            write_json(self.part(name), dict(part, seed=seed, commit=self.commit,
+                                             backbone=osp.relpath(backbone, self.parts)))
+        return row
 
 
 def pretrained_row(store: Store, probe: Probe, variant: str, seed: int, schedule: dict,
@@ -72,12 +109,13 @@ def pretrained_row(store: Store, probe: Probe, variant: str, seed: int, schedule
         probe_key = f'knn_probe_top1_k{recipes.KNN_K}'
         row['knn_probe'] = [[r['step'] // iters_per_epoch, r[probe_key]]
                             for r in scalars if probe_key in r]
+        row['curves'] = report.epoch_means(scalars)
         if guidance_curve:
             row['guidance_by_epoch'] = [
                 dict(epoch=e, **probe.model(load_model(cfg, ckpt, seed), classify=False))
                 for e, ckpt in enumerate(checkpoints, 1)]
         row['checkpoint'] = checkpoints[-1]
-        return row
+        return store.commit_part(name, seed, row)
 
     return store.get(name, compute, probe.complete(teachers(cfg, seed)))
 
@@ -113,8 +151,9 @@ def supervised_row(store: Store, probe: Probe, seed: int, schedule: dict, data_r
         checkpoint = recipes.train_supervised(
             cfg, osp.join(data_root, 'objects'), osp.join(out, 'supervised', f'seed{seed}'),
             schedule['epochs'], seed, indices, schedule.get('batch_size'))
-        return dict(probe.backbone(*recipes.load_supervised_backbone(checkpoint, cfg)),
-                    checkpoint=checkpoint)
+        return store.commit_part(f'supervised_seed{seed}', seed, dict(
+            probe.backbone(*recipes.load_supervised_backbone(checkpoint, cfg)),
+            checkpoint=checkpoint), weights='student')
 
     return store.get(f'supervised_seed{seed}', compute, probe.complete(
         lambda checkpoint: recipes.load_supervised_backbone(checkpoint, cfg)))
@@ -137,6 +176,11 @@ def finetune_row(store: Store, target: str, start: str, ft_seed: int, schedule: 
         checkpoint = None if start == 'random_init' else store.load(f'swin_{start}_seed0')
     else:
         checkpoint = store.load(f'{start}_seed0')
+    if checkpoint and 'checkpoint' not in checkpoint:
+        raise SystemExit(f'the {target} fine-tune from {start} needs its pretraining\'s '
+                         f'training checkpoint, which the committed part {checkpoint["backbone"]} '
+                         'does not hold: run the transfer rows with an --out that holds the '
+                         'pretraining, or without --parts.')
     checkpoint = checkpoint and checkpoint['checkpoint']
     config = recipes.DET_CONFIG if target == 'mmdet' else recipes.SEG_CONFIG
     options = (dict(train_cfg=dict(max_iters=20, val_interval=20))
@@ -213,7 +257,7 @@ def run_lanes(stages: List[List[str]], jobs: int, command: List[str], store: Sto
     ``OUT/lanes/``. Every unit seeds itself, so the numbers do not depend on ``jobs``."""
     os.makedirs(osp.join(out, 'lanes'), exist_ok=True)
     for index, names in enumerate(stages, 1):
-        pending = [n for n in names if not osp.isfile(store.path(n))]
+        pending = [n for n in names if not store.finished(n)]
         lanes = []
         for lane, units in enumerate(split_lanes(pending, jobs)):
             log = osp.join(out, 'lanes', f'stage{index}_lane{lane}.log')
@@ -261,12 +305,11 @@ def from_checkpoints(run_dir: str, probe: Probe, schedule: dict, data_root: str,
                 checkpoint=path)))
     summary, differences = report.recomputed_summary(committed, results)
     table = report.write_summary(summary, {v: len(summary['knn_top1'][v]) for v in VARIANTS
-                                    if v in summary['knn_top1']}, out)
+                                    if v in summary['knn_top1']}, out, store.commit)
     pictures = []
     if results.get('mst_guided_mask'):   # the teacher's attention and masks, no decoder
-        model = report.guided_model(schedule, data_root, out)
-        model.teacher.module[0] = load_frozen_backbone(
-            cfg.model.backbone, results['mst_guided_mask'][0]['checkpoint'])
+        model = report.guided_model(schedule, data_root, out,
+                                    backbone=results['mst_guided_mask'][0]['checkpoint'])
         os.makedirs(osp.join(out, 'pictures'), exist_ok=True)
         pictures.append(report.evidence_figure(model, summary, report.class_examples(data_root),
                                         osp.join(out, 'pictures', 'evidence.png'),
@@ -280,13 +323,14 @@ def from_checkpoints(run_dir: str, probe: Probe, schedule: dict, data_root: str,
     return summary
 
 
-def rerun_row(only: str, probe: Probe, schedule: dict, data_root: str, out: str) -> dict:
+def rerun_row(only: str, probe: Probe, schedule: dict, data_root: str, out: str,
+              parts: Optional[str] = None) -> dict:
     variant, _, seed = only.partition(':')
     if variant not in VARIANTS or not seed.isdigit():
         raise SystemExit(f"--only takes VARIANT:SEED with VARIANT one of {', '.join(VARIANTS)}, "
                          f'e.g. mst_guided_mask:1; got {only!r}.')
     rerun_dir = osp.join(out, 'rerun')
-    row = pretrained_row(Store(rerun_dir), probe, variant, int(seed), schedule, data_root,
+    row = pretrained_row(Store(rerun_dir, parts), probe, variant, int(seed), schedule, data_root,
                          rerun_dir, guidance_curve=False)
     print(f'{variant}, seed {seed}: k-NN {row["knn_top1"]:.1f}, linear {row["linear_top1"]:.1f}, '
           f'last loss_dino {row["loss_dino"]:.3f}, attention on object '
@@ -323,8 +367,12 @@ def run_all(store: Store, probe: Probe, schedule: dict, data_root: str, out: str
         [units[f'random_init_seed{s}'] for s in range(max(schedule['seeds'].values()))],
         [units[f'supervised_seed{s}'] for s in range(schedule['supervised_seeds'])], rows,
         transfer)
-    table = report.write_summary(summary, schedule['seeds'], out)
+    table = report.write_summary(summary, schedule['seeds'], out, store.commit)
     pictures = report.write_pictures(rows, summary, schedule, out, data_root)
+    if store.parts:   # the folder to commit: the summary and the README's two pictures
+        report.write_summary(summary, schedule['seeds'], store.parts, store.commit)
+        for picture in ('pretraining_curves.png', 'evidence.png'):
+            shutil.copyfile(osp.join(out, 'pictures', picture), osp.join(store.parts, picture))
     print('\n' + table)
     print(f"\nschedule: {schedule['epochs']} epochs of {image_views // schedule['epochs']:,} "
           f"images ({image_views:,} image-views per run), "

@@ -14,7 +14,7 @@ from kit_helpers import REPO, hand_knn_top1, load_tool, read_split
 from mmengine.config import Config
 from mmpretrain.registry import MODELS
 
-from mst_mm.converters import load_model
+from mst_mm.converters import backbone_state, load_model
 from mst_mm.engine.safe_loading import read_checkpoint
 from mst_research import data as animal_shapes
 from mst_research import probes, recipes, report, runs
@@ -66,11 +66,11 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
                                                           evidence, capsys):
     data_root = tmp_path / 'animals'
     write_object_images(str(data_root / 'objects'), test_per_class=1, package_dir=small_package)
-    out = tmp_path / 'evidence'
+    out, parts = tmp_path / 'evidence', tmp_path / 'parts'
     argv = ['--quick', '--skip-transfer', '--data-root', str(data_root), '--out', str(out),
             '--batch-size', '2', '--seeds', '2', '--variants', 'dino,mst_guided_mask',
             '--jobs', '2']
-    summary = evidence.main(argv)   # the units in two processes side by side
+    summary = evidence.main([*argv, '--parts', str(parts)])   # two processes side by side
 
     assert summary == json.loads((out / 'summary.json').read_text())
     assert set(summary) == {'ln_k', 'image_views_per_run', 'knn_top1', 'linear_top1',
@@ -122,6 +122,34 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
     table = (out / 'evidence_table.md').read_text()
     assert '| raw pixels |' in table and '| mst_guided_mask | 2 |' in table
     assert '| supervised | 2 |' in table
+
+    # The parts to commit: every pretraining and supervised unit's row with its seed, the
+    # commit whose code ran it and its teacher backbone; the summary and the README's pictures.
+    trained = ['dino_seed0', 'dino_seed1', 'mst_guided_mask_seed0', 'mst_guided_mask_seed1',
+               'supervised_seed0', 'supervised_seed1']
+    assert sorted(p.name for p in (parts / 'results').iterdir()) == [f'{n}.json' for n in trained]
+    for name in trained:
+        unit = json.loads((out / 'results' / f'{name}.json').read_text())
+        part = json.loads((parts / 'results' / f'{name}.json').read_text())
+        assert part == dict({k: v for k, v in unit.items() if k != 'checkpoint'},
+                            seed=int(name[-1]), commit=summary['commit'],
+                            backbone=f'checkpoints/{name}.pth')
+        saved = read_checkpoint(str(parts / part['backbone']), map_location='cpu')
+        weights = 'student' if name.startswith('supervised') else 'teacher'
+        assert saved['meta'] == dict(source=f'{name}/epoch_1.pth', weights=weights,
+                                     target='mmpretrain')
+        expected = backbone_state(unit['checkpoint'], weights)
+        assert saved['state_dict'].keys() == expected.keys() and all(
+            torch.equal(saved['state_dict'][k], expected[k]) for k in expected)
+        if not name.startswith('supervised'):   # the epoch means of its logged losses
+            assert [c['epoch'] for c in unit['curves']] == [1]
+            assert set(unit['curves'][0]) == {'epoch', *report.CURVE_KEYS}
+    assert json.loads((parts / 'summary.json').read_text()) == summary
+    assert (parts / 'evidence.png').stat().st_size > 10_000
+    # A new machine with the parts alone: nothing trains again, the summary is the same.
+    fresh = tmp_path / 'fresh'
+    assert evidence.main([*argv[:5], str(fresh), *argv[6:], '--parts', str(parts)]) == summary
+    assert not (fresh / 'pretrain').exists() and not (fresh / 'supervised').exists()
 
     # A second run skips every finished unit: same summary, no new training; a unit stored
     # without the patch probe (by older code) gets it from its checkpoint.

@@ -17,6 +17,9 @@ docs/evidence.md says what the runs show.
     python projects/mst_research/tools/evidence.py --only mst_guided_mask:1
     # a recipe candidate
     python projects/mst_research/tools/evidence.py --validation --only dino:10 --cfg-options ...
+    # the long run in parts, each finished unit committed (docs/evidence.md)
+    python projects/mst_research/tools/evidence.py --config CONFIG --skip-transfer \
+        --parts docs/results/evidence_50e --out work_dirs/evidence_50e
     # the committed run's probes again, from its teacher backbones, without pretraining
     python projects/mst_research/tools/evidence.py --config CONFIG \
         --from-checkpoints docs/results/evidence_50e
@@ -97,6 +100,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         'from its teacher backbones, RUN_DIR/checkpoints/ROW_seedS.pth, '
                         'without pretraining, into OUT/summary.json; says whether each value '
                         'equals the committed one')
+    parser.add_argument('--parts', metavar='DIR',
+                        help='a folder to commit, so that a long run goes on in parts on any '
+                        'machine: every finished pretraining (and supervised) unit also writes '
+                        'its row to DIR/results and its teacher backbone to DIR/checkpoints, a '
+                        'unit found there is not run again, and the full run writes its '
+                        'summary and the README\'s two pictures there too')
     # A lane's process: these units only, then exit (used by --jobs).
     parser.add_argument('--units', default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -128,10 +137,10 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     probe = Probe(data_root, validation=args.validation,
                   patch_size=Config.fromfile(schedule['config']).model.backbone.patch_size)
     if args.only:
-        return runs.rerun_row(args.only, probe, schedule, data_root, out)
+        return runs.rerun_row(args.only, probe, schedule, data_root, out, args.parts)
     if args.from_checkpoints:
         return runs.from_checkpoints(args.from_checkpoints, probe, schedule, data_root, out)
-    store = runs.Store(out)
+    store = runs.Store(out, args.parts)
     if args.units:
         for name in args.units.split(','):
             runs.run_unit(name, store, probe, schedule, data_root, out)
