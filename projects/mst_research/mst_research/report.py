@@ -264,17 +264,36 @@ def format_table(summary: dict, seeds: Dict[str, int]) -> str:
     return '\n'.join(lines)
 
 
+def format_seed_table(summary: dict, every: int = 10) -> str:
+    """Each pretraining seed: its k-NN probe every ``every`` epochs (and its best, with the
+    epoch), its k-NN, linear and patch-probe values and its last DINO loss."""
+    lines = [f'| run | k-NN probe every {every} epochs (best, epoch) | k-NN | linear '
+             '| patch mIoU | last loss_dino |', '| --- | --- | --- | --- | --- | --- |']
+    for variant in (v for v in VARIANTS if v in summary['last_loss_dino']):
+        for seed, curve in enumerate(summary['knn_probe'][variant]):
+            best_epoch, best = max(curve, key=lambda point: (point[1], -point[0]))
+            probe = ', '.join(f'{top1:.1f}' for epoch, top1 in curve if epoch % every == 0)
+            patch = summary['patch_probe_miou'][variant]
+            lines.append(
+                f"| {variant} seed {seed} | {probe} ({best:.1f}, {best_epoch}) "
+                f"| {summary['knn_top1'][variant][seed]:.1f} "
+                f"| {summary['linear_top1'][variant][seed]:.1f} "
+                f"| {f'{patch[seed]:.1f}' if seed < len(patch) else '-'} "
+                f"| {summary['last_loss_dino'][variant][seed]:.3f} |")
+    return '\n'.join(lines)
+
+
 def write_summary(summary: dict, seeds: Dict[str, int], out: str,
                   commit: Optional[str] = None) -> str:
     """Write ``OUT/summary.json``, with the ``commit`` that wrote it (default: the
     checkout's now) and the seeds of each row added to ``summary`` (its lists are in seed
-    order), and ``OUT/evidence_table.md``; the table."""
+    order), and ``OUT/evidence_table.md`` (with the seed by seed table); the table."""
     summary.update(commit=commit or git_commit(),
                    seeds={row: list(range(n)) for row, n in seeds.items()})
     write_json(osp.join(out, 'summary.json'), summary)
     table = format_table(summary, seeds)
     with open(osp.join(out, 'evidence_table.md'), 'w') as f:
-        f.write(table + '\n')
+        f.write(table + '\n\n' + format_seed_table(summary) + '\n')
     return table
 
 
