@@ -286,10 +286,11 @@ def format_seed_table(summary: dict, every: int = 10) -> str:
 def write_summary(summary: dict, seeds: Dict[str, int], out: str,
                   commit: Optional[str] = None) -> str:
     """Write ``OUT/summary.json``, with the ``commit`` that wrote it (default: the
-    checkout's now) and the seeds of each row added to ``summary`` (its lists are in seed
-    order), and ``OUT/evidence_table.md`` (with the seed by seed table); the table."""
+    checkout's now) and the seeds of every row but raw pixels added to ``summary`` (its lists
+    are in seed order), and ``OUT/evidence_table.md`` (with the seed by seed table); the table."""
     summary.update(commit=commit or git_commit(),
-                   seeds={row: list(range(n)) for row, n in seeds.items()})
+                   seeds={row: list(range(len(values)))
+                          for row, values in summary['knn_top1'].items() if row != 'raw_pixels'})
     write_json(osp.join(out, 'summary.json'), summary)
     table = format_table(summary, seeds)
     with open(osp.join(out, 'evidence_table.md'), 'w') as f:

@@ -80,7 +80,9 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
                             'patch_probe_miou', 'patch_probe_pixel_miou', 'patch_probe_settings',
                             'last_loss_dino', 'knn_probe', 'guidance', 'transfer', 'commit',
                             'seeds'}
-    assert summary['seeds']['dino'] == [0, 1] and summary['commit'].startswith(
+    assert summary['seeds'] == {row: [0, 1] for row in ('random_init', 'supervised', 'dino',
+                                                         'mst_guided_mask')}
+    assert summary['commit'].startswith(
         subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=REPO, capture_output=True,
                        text=True).stdout.strip())
     assert summary['image_views_per_run'] == 1 * 10 * 3   # one epoch of 3 images a class
