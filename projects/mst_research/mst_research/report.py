@@ -314,10 +314,8 @@ def guided_model(schedule: dict, data_root: str, out: str,
 
 def curve_rows(row: dict) -> List[dict]:
     """A pretraining row's epoch curves and k-NN probe as :func:`plot_dino_curves` rows, by
-    epoch (a row stored before rows kept their curves: from its run's logs)."""
-    curves = row.get('curves') or epoch_means(
-        read_scalars(osp.dirname(row['checkpoint']), all_runs=True))
-    return [dict(curve, iter=curve['epoch']) for curve in curves] + [
+    epoch."""
+    return [dict(curve, iter=curve['epoch']) for curve in row['curves']] + [
         {'step': epoch, f'{PROBE_PREFIX}{KNN_K}': top1} for epoch, top1 in row['knn_probe']]
 
 

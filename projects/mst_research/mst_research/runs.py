@@ -117,7 +117,14 @@ def pretrained_row(store: Store, probe: Probe, variant: str, seed: int, schedule
         row['checkpoint'] = checkpoints[-1]
         return store.commit_part(name, seed, row)
 
-    return store.get(name, compute, probe.complete(teachers(cfg, seed)))
+    def complete(row: dict) -> dict:
+        """The keys a row stored by older code lacks: the patch probe, the curves."""
+        extra = probe.complete(teachers(cfg, seed))(row)
+        if 'curves' not in row:
+            extra['curves'] = report.epoch_means(report.read_scalars(work_dir, all_runs=True))
+        return extra
+
+    return store.get(name, compute, complete)
 
 
 def teachers(cfg: Config, seed: int) -> Callable[[str], tuple]:

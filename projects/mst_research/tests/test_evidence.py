@@ -162,12 +162,13 @@ def test_quick_run_writes_every_row_with_the_summary_keys(tmp_path, small_packag
     old = out / 'results' / 'mst_guided_mask_seed1.json'
     stored = json.loads(old.read_text())
     old.write_text(json.dumps({k: v for k, v in stored.items() if 'patch_probe' not in k}))
-    # and one stored without its curves draws them from its run's logs.
+    # and one stored without its curves gets them from its run's logs.
     guided = out / 'results' / 'mst_guided_mask_seed0.json'
-    guided.write_text(json.dumps({k: v for k, v in json.loads(guided.read_text()).items()
-                                  if k != 'curves'}))
+    with_curves = json.loads(guided.read_text())
+    guided.write_text(json.dumps({k: v for k, v in with_curves.items() if k != 'curves'}))
     (out / 'pictures' / 'pretraining_curves.png').unlink()
     assert evidence.main(argv) == summary
+    assert json.loads(guided.read_text()) == with_curves
     assert (out / 'pictures' / 'pretraining_curves.png').stat().st_size > 10_000
     assert (out / 'results' / 'dino_seed1.json').stat().st_mtime == mtime
     assert json.loads(old.read_text()) == stored
