@@ -356,7 +356,8 @@ def test_the_docs_state_the_committed_full_run_digit_for_digit(evidence):
 
 def test_the_docs_state_the_committed_50_epoch_run_digit_for_digit(evidence):
     """docs/results/evidence_50e/summary.json is the run at the long recipe on the current
-    views: DINO and MST-guided with at least 3 seeds of every probe, the supervised ceiling,
+    views: DINO and MST-guided with at least 3 seeds of every probe, both ablations with 2,
+    the supervised ceiling,
     made by code at or after the view change; docs/evidence.md shows its table as the tool
     prints it, and the transfer table of the run before it (whose fine-tunes stand)."""
     summary = json.loads((REPO / 'docs/results/evidence_50e/summary.json').read_text())
@@ -366,6 +367,7 @@ def test_the_docs_state_the_committed_50_epoch_run_digit_for_digit(evidence):
         summary['knn_top1'])
     seeds = {v: len(summary['knn_top1'][v]) for v in variants}
     assert min(seeds['dino'], seeds['mst_guided_mask']) >= 3
+    assert min(seeds['mst_decoder'], seeds['mst_random_mask']) >= 2   # the ablations
     for row in ('supervised', *variants):
         assert summary['seeds'][row] == list(range(len(summary['knn_top1'][row])))
         for key in ('linear_top1', 'patch_probe_miou', 'patch_probe_pixel_miou'):
