@@ -270,10 +270,10 @@ def format_seed_table(summary: dict, every: int = 10) -> str:
     lines = [f'| run | k-NN probe every {every} epochs (best, epoch) | k-NN | linear '
              '| patch mIoU | last loss_dino |', '| --- | --- | --- | --- | --- | --- |']
     for variant in (v for v in VARIANTS if v in summary['last_loss_dino']):
+        patch = summary['patch_probe_miou'][variant]
         for seed, curve in enumerate(summary['knn_probe'][variant]):
             best_epoch, best = max(curve, key=lambda point: (point[1], -point[0]))
             probe = ', '.join(f'{top1:.1f}' for epoch, top1 in curve if epoch % every == 0)
-            patch = summary['patch_probe_miou'][variant]
             lines.append(
                 f"| {variant} seed {seed} | {probe} ({best:.1f}, {best_epoch}) "
                 f"| {summary['knn_top1'][variant][seed]:.1f} "

@@ -357,24 +357,23 @@ def test_the_docs_state_the_committed_full_run_digit_for_digit(evidence):
 def test_the_docs_state_the_committed_50_epoch_run_digit_for_digit(evidence):
     """docs/results/evidence_50e/summary.json is the run at the long recipe on the current
     views: DINO and MST-guided with at least 3 seeds of every probe, both ablations with 2,
-    the supervised ceiling,
-    made by code at or after the view change; docs/evidence.md shows its table as the tool
-    prints it, and the transfer table of the run before it (whose fine-tunes stand)."""
+    the supervised ceiling, made by code at or after the view change; docs/evidence.md shows
+    its table as the tool prints it, and the transfer table of the run before it (whose
+    fine-tunes stand)."""
     summary = json.loads((REPO / 'docs/results/evidence_50e/summary.json').read_text())
     assert summary['image_views_per_run'] >= 400_000
-    variants = [v for v in recipes.VARIANTS if v in summary['knn_top1']]
-    assert {'raw_pixels', 'random_init', 'supervised', 'dino', 'mst_guided_mask'} <= set(
-        summary['knn_top1'])
-    seeds = {v: len(summary['knn_top1'][v]) for v in variants}
+    assert set(summary['knn_top1']) == {'raw_pixels', 'random_init', 'supervised',
+                                        *recipes.VARIANTS}
+    seeds = {v: len(summary['knn_top1'][v]) for v in recipes.VARIANTS}
     assert min(seeds['dino'], seeds['mst_guided_mask']) >= 3
     assert min(seeds['mst_decoder'], seeds['mst_random_mask']) >= 2   # the ablations
-    for row in ('supervised', *variants):
+    for row in ('supervised', *recipes.VARIANTS):
         assert summary['seeds'][row] == list(range(len(summary['knn_top1'][row])))
         for key in ('linear_top1', 'patch_probe_miou', 'patch_probe_pixel_miou'):
             assert len(summary[key][row]) == len(summary['knn_top1'][row]), (key, row)
     assert all(len(curve) == 26 for runs in summary['knn_probe'].values() for curve in runs)
     docs = (REPO / 'docs/evidence.md').read_text()
-    assert_table_rows_in(report.format_table(summary, seeds), docs, 1 + 3 + len(variants))
+    assert_table_rows_in(report.format_table(summary, seeds), docs, 1 + 3 + len(seeds))
     assert_table_rows_in(report.format_seed_table(summary), docs, 1 + sum(seeds.values()))
     assert 'docs/results/evidence_50e/evidence.png' in (REPO / 'README.md').read_text()
 
